@@ -1,0 +1,199 @@
+"""Blockwise PaTH attention in PyTorch: the right-to-left scan of paper section 3.3.
+
+Inputs are the per-block UT quantities of `ut.block_ut` (Q~ scaled, K~, Pt, in-block logits)
+and values in block layout. For query block a and key block b < a,
+
+    logit(i, j) = k~_j^T P_{b+1} ... P_{a-1} q~_i   (+ gate terms, see `gates`).
+
+Step d of the scan pairs every query block with the key block d places to its left, for all
+query blocks at once: the Python loop runs O(T / C) steps, each a batch of C x C tiles. The
+query rows carry their state q~ P_{a-1}^T ... (row form: state <- state @ Pt_b after key block
+b), and an online softmax accumulates the output as in FlashAttention. Extra memory is one
+query state, one tile batch and the accumulators: O(T * D) per head, never T x T.
+
+The backward pass recomputes tiles from the saved log-sum-exp (FlashAttention-2) and runs
+the state recursion in reverse. Reversing it needs the states in reverse order, so they are
+recomputed from checkpoints kept every ~sqrt(n) steps (n = T / C): the backward holds about
+2 sqrt(n) query states at a time. The state recursion
+
+    state_{d+1} = state_d @ Pt_b,   dstate_d = dS_d @ K~_b + dstate_{d+1} @ Pt_b^T,
+    dPt_b += state_d^T @ dstate_{d+1},
+
+gives the gradients of Q~, K~ and Pt, which `function.py` maps back to q, k, w, beta by
+re-running the UT transform under autograd.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from .gates import BlockGates
+from .layout import BlockLayout
+
+__all__ = ["forward_scan", "backward_scan", "ScanGrads"]
+
+
+def _causal_rows(C: int, Gr: int, device) -> torch.Tensor:
+    """[Gr * C, C] bool: row r (head r // C, position r % C) may see key position j <= r % C."""
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril().repeat(Gr, 1)
+
+
+def _diag_logits(s_diag: torch.Tensor, gates: BlockGates | None, C: int) -> torch.Tensor:
+    """Masked in-block logits with gate terms: [NB, H, R, C] (a new tensor)."""
+    NB, H, R, _ = s_diag.shape
+    S = s_diag.clone()
+    if gates is not None:
+        gl = gates.gl  # [NB, H, Gr, C]
+        S.view(NB, H, R // C, C, C).add_(gl[..., :, None]).sub_(gl[..., None, :])
+    return S.masked_fill_(~_causal_rows(C, R // C, S.device), float("-inf"))
+
+
+def _cross_logits(Q, K, kidx, gates: BlockGates | None, G_rows, C):
+    """Logits of active query rows against their key blocks and the per-row gate offset.
+
+    Q [cnt, H, R, D], K [cnt, H, C, D]; returns S [cnt, H, R, C] without the row term and
+    r [cnt, H, R] (the row term G_i - ref_b) or None.
+    """
+    S = Q @ K.transpose(-1, -2)
+    if gates is None:
+        return S, None
+    cnt, H, R, _ = S.shape
+    S.view(cnt, H, R // C, C, C).sub_(gates.gl.index_select(0, kidx)[..., None, :])
+    r = (G_rows[:cnt] - gates.ref.index_select(0, kidx)[..., None]).to(S.dtype)
+    return S, r.reshape(cnt, H, R)
+
+
+def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch.Tensor,
+                 s_diag: torch.Tensor, vb: torch.Tensor, gates: BlockGates | None):
+    """Forward pass. qt [NB, H, R, D]; kt [NB, H, C, D]; pt [NB, H, D, D];
+    s_diag [NB, H, R, C]; vb [NB, H, C, Dv].
+
+    Returns o [NB, H, R, Dv] and lse [NB, H, R] (log-sum-exp of each row's logits).
+    """
+    C = lay.C
+    # diagonal blocks (d = 0) initialise the online softmax
+    S = _diag_logits(s_diag, gates, C)
+    m = S.amax(-1)  # [NB, H, R]
+    S.sub_(m[..., None]).exp_()
+    den = S.sum(-1)  # [NB, H, R]
+    acc = S @ vb  # [NB, H, R, Dv]
+    del S
+    order = lay.order
+    m, den, acc = m[order], den[order], acc[order]
+    state = qt.index_select(0, order) if lay.n_max > 1 else None
+    G_rows = None if gates is None else gates.G.index_select(0, order)
+    for d in range(1, lay.n_max):
+        cnt, kidx = lay.counts[d], lay.key_index[d]
+        Q = state[:cnt]
+        S, r = _cross_logits(Q, kt.index_select(0, kidx), kidx, gates, G_rows, C)
+        m_blk = S.amax(-1)
+        if r is not None:
+            m_blk += r
+        m_old = m[:cnt]
+        m_new = torch.maximum(m_old, m_blk)
+        S.sub_((m_new if r is None else m_new - r)[..., None]).exp_()
+        alpha = (m_old - m_new).exp_()  # [cnt, H, R]
+        den[:cnt].mul_(alpha).add_(S.sum(-1))
+        a = acc[:cnt]
+        a.mul_(alpha[..., None]).add_(S @ vb.index_select(0, kidx))
+        m[:cnt] = m_new
+        del S
+        cnt_next = lay.counts[d + 1] if d + 1 < lay.n_max else 0
+        if cnt_next:
+            state = Q[:cnt_next] @ pt.index_select(0, kidx[:cnt_next])
+    inv = lay.inverse_order
+    o = (acc / den[..., None])[inv]
+    lse = (m + den.log())[inv]
+    return o, lse
+
+
+class ScanGrads(NamedTuple):
+    dqt: torch.Tensor  # [NB, H, R, D]
+    dkt: torch.Tensor  # [NB, H, C, D]
+    dpt: torch.Tensor  # [NB, H, D, D]
+    ds_diag: torch.Tensor  # [NB, H, R, C]
+    dv: torch.Tensor  # [NB, H, C, Dv]
+    dgate_col: torch.Tensor | None  # [NB, H, Gr, C] column sums of dS at every key
+
+
+def _tile_grad(S, lse, delta, dO, V):
+    """FlashAttention-2 tile backward, in place on S (logits with the row term removed).
+
+    S [.., R, C]; lse, delta [.., R] (lse already net of the row term); dO [.., R, Dv];
+    V [.., C, Dv]. Returns (P, dS) where S's storage now holds dS.
+    """
+    P = S.sub_(lse[..., None]).exp_()
+    dV = P.transpose(-1, -2) @ dO  # [.., C, Dv]
+    dP = dO @ V.transpose(-1, -2)  # [.., R, C]
+    dS = dP.sub_(delta[..., None]).mul_(P)
+    return dV, dS
+
+
+def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,
+                  do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> ScanGrads:
+    """Backward pass. Arguments as `forward_scan` plus do [NB, H, R, Dv], lse and
+    delta = rowsum(dO * O) [NB, H, R], all in block order."""
+    C = lay.C
+    NB, H, R, D = qt.shape
+    Gr = R // C
+    # --- diagonal blocks
+    S = _diag_logits(s_diag, gates, C)
+    dv, ds_diag = _tile_grad(S, lse, delta, do, vb)
+    dcol = ds_diag.view(NB, H, Gr, C, C).sum(-2) if gates is not None else None
+    dqt = torch.zeros_like(qt)
+    dkt = torch.zeros_like(kt)
+    dpt = torch.zeros_like(pt)
+    n = lay.n_max
+    if n <= 1:
+        return ScanGrads(dqt, dkt, dpt, ds_diag, dv, dcol)
+    # --- cross blocks, query side in scan order
+    order = lay.order
+    do_s, lse_s, delta_s = do[order], lse[order], delta[order]
+    G_rows = None if gates is None else gates.G.index_select(0, order)
+
+    def step_state(state, d):
+        """state_{d+1} from state_d (rows still active at step d + 1)."""
+        cnt_next = lay.counts[d + 1]
+        return state[:cnt_next] @ pt.index_select(0, lay.key_index[d][:cnt_next])
+
+    seg = max(1, math.isqrt(n - 1))
+    checkpoints = {}
+    state = qt.index_select(0, order)[: lay.counts[1]]
+    for d in range(1, n):
+        if (d - 1) % seg == 0:
+            checkpoints[d] = state
+        if d + 1 < n:
+            state = step_state(state, d)
+    del state
+    g_next = None  # gradient of state_{d+1}
+    for start in sorted(checkpoints, reverse=True):
+        stop = min(start + seg, n)
+        states = [checkpoints.pop(start)]
+        for d in range(start, stop - 1):
+            states.append(step_state(states[-1], d))
+        for d in range(stop - 1, start - 1, -1):
+            Q = states.pop()
+            cnt, kidx = lay.counts[d], lay.key_index[d]
+            K = kt.index_select(0, kidx)
+            S, r = _cross_logits(Q, K, kidx, gates, G_rows, C)
+            row = lse_s[:cnt] if r is None else lse_s[:cnt] - r
+            dV, dS = _tile_grad(S, row, delta_s[:cnt], do_s[:cnt], vb.index_select(0, kidx))
+            dv.index_add_(0, kidx, dV)
+            dkt.index_add_(0, kidx, dS.transpose(-1, -2) @ Q)
+            if dcol is not None:
+                dcol.index_add_(0, kidx, dS.view(cnt, H, Gr, C, C).sum(-2))
+            g = dS @ K  # [cnt, H, R, D]
+            if g_next is not None:
+                cnt_next = g_next.shape[0]
+                P_t = pt.index_select(0, kidx[:cnt_next])
+                g[:cnt_next] += g_next @ P_t.transpose(-1, -2)
+                dpt.index_add_(0, kidx[:cnt_next], Q[:cnt_next].transpose(-1, -2) @ g_next)
+            g_next = g
+            del S, dS, Q
+    dqt_sorted = torch.zeros_like(qt)
+    dqt_sorted[: g_next.shape[0]] = g_next
+    dqt = dqt_sorted[lay.inverse_order]
+    return ScanGrads(dqt, dkt, dpt, ds_diag, dv, dcol)

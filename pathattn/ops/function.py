@@ -1,0 +1,101 @@
+"""autograd.Function for the blockwise CPU / PyTorch path of PaTH attention.
+
+forward: tokens -> blocks -> UT transform (no graph) -> right-to-left scan; saves only the
+inputs, the output rows and the log-sum-exp (O(T * D) per head).
+backward: re-runs the UT transform under autograd, runs the backward scan (FlashAttention-2
+style recomputation), and pulls the gradients of (Q~, K~, Pt, in-block logits) back to
+(q, k, w, beta) with torch.autograd.grad. Gate and value gradients come from the scan.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .blockwise import backward_scan, forward_scan
+from .gates import block_gates, gate_grad
+from .layout import BlockLayout, from_blocks, to_blocks
+from .ut import BlockUT, block_ut
+
+__all__ = ["PaTHAttnFunction", "compute_dtype"]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float64 stays float64, everything else runs in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _kv_blocks(x: torch.Tensor, lay: BlockLayout, cd) -> torch.Tensor:
+    """[B, T, H, *F] -> [NB, H, C, *F] in dtype cd."""
+    flat = x.reshape((-1,) + tuple(x.shape[2:])).to(cd)  # [B*T, H, *F]
+    xb = to_blocks(flat, lay)  # [NB, C, H, *F]
+    return xb.transpose(1, 2).contiguous()
+
+
+def _row_blocks(x: torch.Tensor, lay: BlockLayout, H: int, cd) -> torch.Tensor:
+    """Query-side [B, T, HQ, F] -> [NB, H, Gr, C, F] (Gr = HQ // H) in dtype cd."""
+    HQ, F = x.shape[2], x.shape[3]
+    xb = to_blocks(x.reshape(-1, HQ, F).to(cd), lay)  # [NB, C, HQ, F]
+    xb = xb.view(lay.NB, lay.C, H, HQ // H, F).permute(0, 2, 3, 1, 4)  # [NB, H, Gr, C, F]
+    return xb.contiguous()
+
+
+def _rows_to_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
+    """[NB, H, Gr * C, F] -> tokens [B, T, HQ, F]."""
+    NB, H, R, F = xb.shape
+    Gr = R // lay.C
+    x = xb.view(NB, H, Gr, lay.C, F).permute(0, 3, 1, 2, 4).reshape(NB, lay.C, H * Gr, F)
+    return from_blocks(x, lay).view(shape)
+
+
+def _ut(q, k, w, beta, lay: BlockLayout, scale: float, cd) -> BlockUT:
+    H = k.shape[2]
+    return block_ut(_row_blocks(q, lay, H, cd), _kv_blocks(k, lay, cd), _kv_blocks(w, lay, cd),
+                    _kv_blocks(beta, lay, cd), scale)
+
+
+class PaTHAttnFunction(torch.autograd.Function):
+    """o = PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, layout); see `path_attn`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, beta, g, scale: float, lay: BlockLayout):
+        B, T, HQ, _ = q.shape
+        H, Dv = k.shape[2], v.shape[-1]
+        cd = compute_dtype(q.dtype)
+        with torch.no_grad():
+            ut = _ut(q, k, w, beta, lay, scale, cd)
+            vb = _kv_blocks(v, lay, cd)
+            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+            o_rows, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates)
+        ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
+        ctx.scale, ctx.lay = scale, lay
+        return _rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, v, w, beta, g, o_rows, lse = ctx.saved_tensors
+        lay, scale = ctx.lay, ctx.scale
+        B, T, HQ, _ = q.shape
+        H = k.shape[2]
+        cd = compute_dtype(q.dtype)
+        leaves = [x.detach().to(cd).requires_grad_() for x in (q, k, w, beta)]
+        with torch.enable_grad():
+            ut = _ut(*leaves, lay, scale, cd)
+        with torch.no_grad():
+            vb = _kv_blocks(v, lay, cd)
+            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+            do_rows = _row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
+            delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
+            grads = backward_scan(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
+                                  ut.s_diag.detach(), vb, gates, do_rows, lse, delta)
+        dq, dk, dw, dbeta = torch.autograd.grad(
+            [ut.qt, ut.kt, ut.pt, ut.s_diag], leaves,
+            [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag], allow_unused=True)
+        dv = from_blocks(grads.dv.transpose(1, 2), lay).view(v.shape)
+        dg = None
+        if g is not None:
+            dg = gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)
+        cast = lambda x, ref: None if x is None else x.to(ref.dtype)  # noqa: E731
+        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
+                None, None)

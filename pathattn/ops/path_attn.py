@@ -1,0 +1,59 @@
+"""Public PaTH / PaTH-FoX attention op (paper sections 2.2 and 3.3)."""
+
+from __future__ import annotations
+
+import torch
+
+from .function import PaTHAttnFunction
+from .layout import make_layout
+from .validation import check_path_attn_inputs
+
+__all__ = ["path_attn", "DEFAULT_BLOCK_SIZE"]
+
+DEFAULT_BLOCK_SIZE = 64
+
+
+def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+              beta: torch.Tensor, g: torch.Tensor | None = None, *,
+              scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
+              block_size: int | None = None) -> torch.Tensor:
+    """Causal PaTH attention (PaTH-FoX when forget gates are given).
+
+    For query position i and key position j <= i of the same sequence:
+
+        logit(i, j) = scale * k_j^T H_{j+1} ... H_i q_i + (G_i - G_j),
+        H_t = I - beta_t w_t w_t^T,   G_i = sum_{t <= i} g_t,
+        o_i = sum_j softmax_j(logit(i, j)) v_j.
+
+    Args:
+        q: [B, T, HQ, D] queries.
+        k: [B, T, H, D] keys; HQ must be a multiple of H (GQA / MQA: query head h uses
+            key/value head h // (HQ // H)).
+        v: [B, T, H, Dv] values.
+        w: [B, T, H, D] Householder directions (the layer L2-normalises them; the op does
+            not require it).
+        beta: [B, T, H] Householder strengths (the layer keeps them in (0, 2)).
+        g: [B, T, HQ] log forget gates (<= 0) of PaTH-FoX, or None.
+        scale: logit scale, default D ** -0.5. It multiplies only the PaTH term, not the
+            gate term (the paper's and FoX's convention). fla's `parallel_path_attn`
+            multiplies the gate term by the scale too: fla(g=g_fla) equals
+            path_attn(g=g_fla * scale).
+        cu_seqlens: optional int tensor [N + 1] of packed sequence boundaries (B must be 1,
+            FlashAttention convention). No attention and no Householder product crosses a
+            boundary.
+        block_size: block length C of the blockwise algorithm (default 64).
+
+    q, k, v, w share a dtype (float16, bfloat16, float32 or float64); beta and g may be any
+    float dtype. Low precision inputs accumulate in float32. Returns o [B, T, HQ, Dv] in
+    q's dtype, differentiable in q, k, v, w, beta and g.
+    """
+    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    B, T, HQ, D = q.shape
+    C = DEFAULT_BLOCK_SIZE if block_size is None else int(block_size)
+    if C < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    scale = D**-0.5 if scale is None else float(scale)
+    if B * T == 0:
+        return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
+    lay = make_layout(B, T, C, cu_seqlens, q.device)
+    return PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, lay)

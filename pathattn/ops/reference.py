@@ -1,0 +1,142 @@
+"""Reference implementations of PaTH / PaTH-FoX attention: the oracles of the tests.
+
+Both functions compute, for each sequence and each query head, the paper's definition
+(section 2.2, "PaTH-FoX" paragraph) with H_t = I - beta_t w_t w_t^T:
+
+    logit(i, j) = scale * k_j^T H_{j+1} H_{j+2} ... H_i q_i  +  (G_i - G_j),   j <= i
+    o_i         = sum_j softmax_j(logit(i, .)) v_j
+
+where G is the cumulative sum over time of the log forget gates g (G = 0 without gates).
+They are written for clarity, not speed: O(T^2) memory, float64 by default.
+
+* `path_attn_naive` applies the transforms one token at a time (the definition itself).
+* `path_attn_full_matrix` uses the masked UT transform of section 3.2:
+
+      A     = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)          [T, T]
+      logit = tril(Q K^T) - tril(Q W^T) A strictLower(W K^T)               [T, T]
+
+  (A is the paper's T^{-1}.)
+
+Shapes follow `pathattn.path_attn`: q [B, T, HQ, D]; k, w [B, T, H, D]; v [B, T, H, Dv];
+beta [B, T, H]; g [B, T, HQ] or None; cu_seqlens [N + 1] with B == 1 for packed sequences.
+Query head h uses key/value head h // (HQ // H).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["path_attn_naive", "path_attn_full_matrix"]
+
+
+def _segments(T: int, B: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int, int]]:
+    """(batch index, start, end) of every sequence."""
+    if cu_seqlens is None:
+        return [(b, 0, T) for b in range(B)]
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    return [(0, s, e) for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+
+
+def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[T, H, ...] -> [T, H * groups, ...]: query head h reads key/value head h // groups."""
+    return x.repeat_interleave(groups, dim=1)
+
+
+def _softmax_out(logits: torch.Tensor, G: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
+    """logits [HQ, T, T] (scaled, -inf above the diagonal), G [T, HQ] or None, v [T, HQ, Dv]."""
+    if G is not None:
+        Gt = G.transpose(0, 1)  # [HQ, T]
+        logits = logits + (Gt[:, :, None] - Gt[:, None, :])
+    p = torch.softmax(logits, dim=-1)  # [HQ, T, T]
+    return torch.einsum("hij,jhd->ihd", p, v)  # [T, HQ, Dv]
+
+
+def _run(one_sequence, q, k, v, w, beta, g, scale, cu_seqlens, dtype):
+    B, T, HQ, D = q.shape
+    H = k.shape[2]
+    groups = HQ // H
+    scale = D**-0.5 if scale is None else scale
+    cast = (lambda x: x.to(dtype)) if dtype is not None else (lambda x: x)
+    out = torch.zeros(B, T, HQ, v.shape[-1], dtype=dtype or q.dtype, device=q.device)
+    pieces = []
+    for b, s, e in _segments(T, B, cu_seqlens):
+        qs, ks, vs, ws = (cast(x[b, s:e]) for x in (q, k, v, w))
+        bs = cast(beta[b, s:e])
+        G = None if g is None else torch.cumsum(cast(g[b, s:e]), dim=0)  # [L, HQ]
+        ks, vs, ws, bs = (_expand_kv(x, groups) for x in (ks, vs, ws, bs))
+        logits = one_sequence(qs, ks, ws, bs) * scale  # [HQ, L, L]
+        pieces.append(((b, s, e), _softmax_out(logits, G, vs)))
+    # assemble without in-place writes so that autograd flows through every piece
+    rows = []
+    for b in range(B):
+        segs = sorted((se, o) for (bb, *se), o in pieces if bb == b)
+        parts, cursor = [], 0
+        for (s, e), o in segs:
+            if s > cursor:
+                parts.append(out[b, cursor:s])
+            parts.append(o)
+            cursor = e
+        if cursor < T:
+            parts.append(out[b, cursor:T])
+        rows.append(torch.cat(parts, dim=0))
+    return torch.stack(rows, dim=0)
+
+
+def _logits_naive(q, k, w, beta):
+    """Sequential definition. q, k, w [L, HQ, D], beta [L, HQ] -> logits [HQ, L, L].
+
+    Walk the key index j from L-1 down to 0 keeping, for every query i >= j,
+    x_i = H_{j+1} ... H_i q_i; then logit(i, j) = k_j . x_i, and stepping to j-1
+    applies H_j to every x_i with i >= j.
+    """
+    L = q.shape[0]
+    x = q  # x[i] = H_{j+1} ... H_i q_i for the current j (empty product when i == j)
+    idx = torch.arange(L, device=q.device)
+    neg_inf = torch.tensor(float("-inf"), dtype=q.dtype, device=q.device)
+    columns = []
+    for j in range(L - 1, -1, -1):
+        col = torch.einsum("ihd,hd->hi", x, k[j])  # [HQ, L]
+        columns.append(torch.where(idx >= j, col, neg_inf))
+        # x_i <- H_j x_i = x_i - beta_j (w_j . x_i) w_j   for i >= j
+        proj = torch.einsum("ihd,hd->ih", x, w[j]) * beta[j]  # [L, HQ]
+        upd = proj[:, :, None] * w[j][None]  # [L, HQ, D]
+        x = x - torch.where((idx >= j)[:, None, None], upd, torch.zeros_like(upd))
+    return torch.stack(columns[::-1], dim=-1)  # [HQ, L(i), L(j)]
+
+
+def _logits_full_matrix(q, k, w, beta):
+    """Masked UT form (section 3.2). q, k, w [L, HQ, D], beta [L, HQ] -> logits [HQ, L, L]."""
+    L = q.shape[0]
+    Q, K, W = (x.transpose(0, 1) for x in (q, k, w))  # [HQ, L, D]
+    bt = beta.transpose(0, 1)  # [HQ, L]
+    eye = torch.eye(L, dtype=q.dtype, device=q.device)
+    Tm = eye + torch.tril(bt[:, :, None] * (W @ W.transpose(1, 2)), diagonal=-1)  # [HQ, L, L]
+    A = torch.linalg.solve_triangular(Tm, torch.diag_embed(bt), upper=False, unitriangular=True)
+    QK = Q @ K.transpose(1, 2)
+    QW = torch.tril(Q @ W.transpose(1, 2))  # k <= i
+    WK = torch.tril(W @ K.transpose(1, 2), diagonal=-1)  # l > j
+    logits = QK - QW @ A @ WK
+    mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    return logits.masked_fill(~mask, float("-inf"))
+
+
+def path_attn_naive(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
+                    dtype=torch.float64):
+    """PaTH attention by its definition, one Householder transform at a time.
+
+    Args: as `pathattn.path_attn`. `dtype` is the precision of every operation
+    (float64 by default; pass None to compute in the inputs' own dtype, which the tests
+    use to measure the error of plain PyTorch at low precision).
+    Returns o [B, T, HQ, Dv] in `dtype` (or the inputs' dtype when dtype is None).
+    """
+    return _run(_logits_naive, q, k, v, w, beta, g, scale, cu_seqlens, dtype)
+
+
+def path_attn_full_matrix(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
+                          dtype=torch.float64):
+    """PaTH attention through the full-matrix masked UT transform (paper section 3.2).
+
+    Args and returns as `path_attn_naive`. Needs a triangular solve, so dtype must be
+    float32 or float64.
+    """
+    return _run(_logits_full_matrix, q, k, v, w, beta, g, scale, cu_seqlens, dtype)

@@ -1,0 +1,78 @@
+"""Input checks for the public ops: every failure is a ValueError naming the argument."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_path_attn_inputs"]
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _tensor(name: str, x, ndim: int, layout: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions {layout}, got shape "
+                         f"{tuple(x.shape)}")
+    if x.dtype not in _FLOAT:
+        raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+
+
+def _same(name: str, got, want, what: str) -> None:
+    if got != want:
+        raise ValueError(f"{name}: expected {what} {want}, got {got}")
+
+
+def check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens) -> None:
+    """Validate the arguments of `path_attn` (shapes in its docstring)."""
+    _tensor("q", q, 4, "[B, T, HQ, D]")
+    _tensor("k", k, 4, "[B, T, H, D]")
+    _tensor("v", v, 4, "[B, T, H, Dv]")
+    _tensor("w", w, 4, "[B, T, H, D]")
+    _tensor("beta", beta, 3, "[B, T, H]")
+    B, T, HQ, D = q.shape
+    _same("k", tuple(k.shape[:2]), (B, T), "[B, T] equal to q's")
+    H = k.shape[2]
+    _same("k", k.shape[3], D, "head dim D equal to q's")
+    _same("w", tuple(w.shape), tuple(k.shape), "shape [B, T, H, D] equal to k's")
+    _same("v", tuple(v.shape[:3]), (B, T, H), "[B, T, H] equal to k's")
+    _same("beta", tuple(beta.shape), (B, T, H), "shape [B, T, H]")
+    if H == 0 or HQ % H:
+        raise ValueError(f"q: number of query heads HQ={HQ} must be a multiple of the number "
+                         f"of key/value heads H={H} (GQA/MQA)")
+    if D == 0 or v.shape[3] == 0:
+        raise ValueError(f"head dims must be positive, got D={D} (q, k, w) and "
+                         f"Dv={v.shape[3]} (v)")
+    for name, x in (("k", k), ("v", v), ("w", w)):
+        _same(name, x.dtype, q.dtype, "dtype equal to q's")
+    if g is not None:
+        _tensor("g", g, 3, "[B, T, HQ]")
+        _same("g", tuple(g.shape), (B, T, HQ), "shape [B, T, HQ]")
+    dev = q.device
+    for name, x in (("k", k), ("v", v), ("w", w), ("beta", beta), ("g", g)):
+        if x is not None and x.device != dev:
+            raise ValueError(f"{name} is on {x.device} but q is on {dev}: all inputs must be "
+                             "on one device")
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        raise ValueError(f"scale must be a positive number or None, got {scale!r}")
+    if cu_seqlens is not None:
+        _check_cu_seqlens(cu_seqlens, B, T)
+
+
+def _check_cu_seqlens(cu, B: int, T: int) -> None:
+    if not isinstance(cu, torch.Tensor) or cu.ndim != 1:
+        raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of sequence "
+                         "boundaries")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be int32 or int64, got {cu.dtype}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs packed inputs with B == 1, got B={B}")
+    if cu.numel() < 2:
+        raise ValueError("cu_seqlens must hold at least 2 boundaries [0, ..., T]")
+    c = cu.detach().cpu()
+    if int(c[0]) != 0 or int(c[-1]) != T:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got "
+                         f"{int(c[0])} ... {int(c[-1])}")
+    if bool((c[1:] < c[:-1]).any()):
+        raise ValueError("cu_seqlens must be non-decreasing")
