@@ -51,29 +51,32 @@ def _diag_logits(s_diag: torch.Tensor, gates: BlockGates | None, C: int) -> torc
     return S.masked_fill_(~_causal_rows(C, R // C, S.device), float("-inf"))
 
 
-def _cross_logits(Q, K, kidx, gates: BlockGates | None, G_rows, C):
-    """Logits of active query rows against their key blocks and the per-row gate offset.
+def _cross_logits(Q, Ktt, d, lay: BlockLayout, gates: BlockGates | None):
+    """Logits of the active query rows against their key blocks at step d.
 
-    Q [cnt, H, R, D], K [cnt, H, C, D]; returns S [cnt, H, R, C] without the row term and
-    r [cnt, H, R] (the row term G_i - ref_b) or None.
+    Q [cnt, H, R, D]; Ktt [NB, H, D, C] (K~ transposed, contiguous). Returns S [cnt, H, R, C]
+    with the gate column term and r [cnt, H, R], the gate row term G_i - ref_b (or None).
     """
-    S = Q @ K.transpose(-1, -2)
+    cnt = Q.shape[0]
+    S = Q @ lay.take(Ktt, d, cnt)
     if gates is None:
         return S, None
-    cnt, H, R, _ = S.shape
-    S.view(cnt, H, R // C, C, C).sub_(gates.gl.index_select(0, kidx)[..., None, :])
-    r = (G_rows[:cnt] - gates.ref.index_select(0, kidx)[..., None]).to(S.dtype)
-    return S, r.reshape(cnt, H, R)
+    _, H, R, C = S.shape
+    S.view(cnt, H, R // C, C, C).sub_(lay.take(gates.gl, d, cnt)[..., None, :])
+    r = (gates.G[:cnt] - lay.take(gates.ref, d, cnt)[..., None]).to(S.dtype)
+    return S, r.view(cnt, H, R)
 
 
 def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch.Tensor,
                  s_diag: torch.Tensor, vb: torch.Tensor, gates: BlockGates | None):
     """Forward pass. qt [NB, H, R, D]; kt [NB, H, C, D]; pt [NB, H, D, D];
-    s_diag [NB, H, R, C]; vb [NB, H, C, Dv].
+    s_diag [NB, H, R, C]; vb [NB, H, C, Dv]; blocks in scan order (see `layout`).
 
     Returns o [NB, H, R, Dv] and lse [NB, H, R] (log-sum-exp of each row's logits).
     """
     C = lay.C
+    NB, H, R, _ = qt.shape
+    Dv = vb.shape[-1]
     # diagonal blocks (d = 0) initialise the online softmax
     S = _diag_logits(s_diag, gates, C)
     m = S.amax(-1)  # [NB, H, R]
@@ -81,14 +84,12 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
     den = S.sum(-1)  # [NB, H, R]
     acc = S @ vb  # [NB, H, R, Dv]
     del S
-    order = lay.order
-    m, den, acc = m[order], den[order], acc[order]
-    state = qt.index_select(0, order) if lay.n_max > 1 else None
-    G_rows = None if gates is None else gates.G.index_select(0, order)
+    Ktt = kt.transpose(-1, -2).contiguous()  # [NB, H, D, C]
+    state = qt
     for d in range(1, lay.n_max):
-        cnt, kidx = lay.counts[d], lay.key_index[d]
+        cnt = lay.counts[d]
         Q = state[:cnt]
-        S, r = _cross_logits(Q, kt.index_select(0, kidx), kidx, gates, G_rows, C)
+        S, r = _cross_logits(Q, Ktt, d, lay, gates)
         m_blk = S.amax(-1)
         if r is not None:
             m_blk += r
@@ -97,17 +98,15 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
         S.sub_((m_new if r is None else m_new - r)[..., None]).exp_()
         alpha = (m_old - m_new).exp_()  # [cnt, H, R]
         den[:cnt].mul_(alpha).add_(S.sum(-1))
-        a = acc[:cnt]
-        a.mul_(alpha[..., None]).add_(S @ vb.index_select(0, kidx))
+        a = acc[:cnt].view(cnt * H, R, Dv)
+        a.mul_(alpha.view(cnt * H, R, 1))
+        a.baddbmm_(S.view(cnt * H, R, C), lay.take(vb, d, cnt).view(cnt * H, C, Dv))
         m[:cnt] = m_new
         del S
         cnt_next = lay.counts[d + 1] if d + 1 < lay.n_max else 0
         if cnt_next:
-            state = Q[:cnt_next] @ pt.index_select(0, kidx[:cnt_next])
-    inv = lay.inverse_order
-    o = (acc / den[..., None])[inv]
-    lse = (m + den.log())[inv]
-    return o, lse
+            state = Q[:cnt_next] @ lay.take(pt, d, cnt_next)
+    return acc / den[..., None], m + den.log()
 
 
 class ScanGrads(NamedTuple):
@@ -119,49 +118,48 @@ class ScanGrads(NamedTuple):
     dgate_col: torch.Tensor | None  # [NB, H, Gr, C] column sums of dS at every key
 
 
-def _tile_grad(S, lse, delta, dO, V):
-    """FlashAttention-2 tile backward, in place on S (logits with the row term removed).
+def _tile_grad(S, lse, delta, dO, Vt):
+    """FlashAttention-2 tile backward, in place on S (logits net of the gate row term).
 
-    S [.., R, C]; lse, delta [.., R] (lse already net of the row term); dO [.., R, Dv];
-    V [.., C, Dv]. Returns (P, dS) where S's storage now holds dS.
+    S [.., R, C]; lse, delta [.., R] (lse net of the row term); dO [.., R, Dv];
+    Vt [.., Dv, C]. Returns dV [.., C, Dv] and dS [.., R, C].
     """
     P = S.sub_(lse[..., None]).exp_()
     dV = P.transpose(-1, -2) @ dO  # [.., C, Dv]
-    dP = dO @ V.transpose(-1, -2)  # [.., R, C]
-    dS = dP.sub_(delta[..., None]).mul_(P)
+    dS = (dO @ Vt).sub_(delta[..., None]).mul_(P)  # [.., R, C]
     return dV, dS
 
 
 def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,
                   do: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> ScanGrads:
     """Backward pass. Arguments as `forward_scan` plus do [NB, H, R, Dv], lse and
-    delta = rowsum(dO * O) [NB, H, R], all in block order."""
+    delta = rowsum(dO * O) [NB, H, R], all in scan order."""
     C = lay.C
     NB, H, R, D = qt.shape
     Gr = R // C
+    Vt = vb.transpose(-1, -2).contiguous()  # [NB, H, Dv, C]
     # --- diagonal blocks
     S = _diag_logits(s_diag, gates, C)
-    dv, ds_diag = _tile_grad(S, lse, delta, do, vb)
+    dv, ds_diag = _tile_grad(S, lse, delta, do, Vt)
     dcol = ds_diag.view(NB, H, Gr, C, C).sum(-2) if gates is not None else None
-    dqt = torch.zeros_like(qt)
     dkt = torch.zeros_like(kt)
     dpt = torch.zeros_like(pt)
+    dqt = torch.zeros_like(qt)
     n = lay.n_max
     if n <= 1:
         return ScanGrads(dqt, dkt, dpt, ds_diag, dv, dcol)
-    # --- cross blocks, query side in scan order
-    order = lay.order
-    do_s, lse_s, delta_s = do[order], lse[order], delta[order]
-    G_rows = None if gates is None else gates.G.index_select(0, order)
+    Ktt = kt.transpose(-1, -2).contiguous()  # [NB, H, D, C]
+    Pm = pt.transpose(-1, -2).contiguous()  # [NB, H, D, D] = P
 
     def step_state(state, d):
         """state_{d+1} from state_d (rows still active at step d + 1)."""
         cnt_next = lay.counts[d + 1]
-        return state[:cnt_next] @ pt.index_select(0, lay.key_index[d][:cnt_next])
+        return state[:cnt_next] @ lay.take(pt, d, cnt_next)
 
+    # checkpoints of the query state every `seg` steps, then reverse segment by segment
     seg = max(1, math.isqrt(n - 1))
     checkpoints = {}
-    state = qt.index_select(0, order)[: lay.counts[1]]
+    state = qt[: lay.counts[1]]
     for d in range(1, n):
         if (d - 1) % seg == 0:
             checkpoints[d] = state
@@ -176,24 +174,22 @@ def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | 
             states.append(step_state(states[-1], d))
         for d in range(stop - 1, start - 1, -1):
             Q = states.pop()
-            cnt, kidx = lay.counts[d], lay.key_index[d]
-            K = kt.index_select(0, kidx)
-            S, r = _cross_logits(Q, K, kidx, gates, G_rows, C)
-            row = lse_s[:cnt] if r is None else lse_s[:cnt] - r
-            dV, dS = _tile_grad(S, row, delta_s[:cnt], do_s[:cnt], vb.index_select(0, kidx))
-            dv.index_add_(0, kidx, dV)
-            dkt.index_add_(0, kidx, dS.transpose(-1, -2) @ Q)
+            cnt = Q.shape[0]
+            S, r = _cross_logits(Q, Ktt, d, lay, gates)
+            row = lse[:cnt] if r is None else lse[:cnt] - r
+            dV, dS = _tile_grad(S, row, delta[:cnt], do[:cnt], lay.take(Vt, d, cnt))
+            del S
+            lay.put_add(dv, d, dV)
+            lay.put_add(dkt, d, dS.transpose(-1, -2) @ Q)
             if dcol is not None:
-                dcol.index_add_(0, kidx, dS.view(cnt, H, Gr, C, C).sum(-2))
-            g = dS @ K  # [cnt, H, R, D]
+                lay.put_add(dcol, d, dS.view(cnt, H, Gr, C, C).sum(-2))
+            g = dS @ lay.take(kt, d, cnt)  # [cnt, H, R, D]
+            del dS
             if g_next is not None:
                 cnt_next = g_next.shape[0]
-                P_t = pt.index_select(0, kidx[:cnt_next])
-                g[:cnt_next] += g_next @ P_t.transpose(-1, -2)
-                dpt.index_add_(0, kidx[:cnt_next], Q[:cnt_next].transpose(-1, -2) @ g_next)
+                g[:cnt_next] += g_next @ lay.take(Pm, d, cnt_next)
+                lay.put_add(dpt, d, Q[:cnt_next].transpose(-1, -2) @ g_next)
             g_next = g
-            del S, dS, Q
-    dqt_sorted = torch.zeros_like(qt)
-    dqt_sorted[: g_next.shape[0]] = g_next
-    dqt = dqt_sorted[lay.inverse_order]
+            del Q
+    dqt[: g_next.shape[0]] = g_next
     return ScanGrads(dqt, dkt, dpt, ds_diag, dv, dcol)

@@ -67,6 +67,7 @@ class PaTHAttnFunction(torch.autograd.Function):
             vb = _kv_blocks(v, lay, cd)
             gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
             o_rows, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates)
+            del ut
         ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
         ctx.scale, ctx.lay = scale, lay
         return _rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype)

@@ -1,16 +1,17 @@
 """Block layout of a (possibly packed, variable-length) batch for the blockwise algorithm.
 
 Every sequence is cut into blocks of C tokens (paper section 3.3, block size "B"); its last
-block is padded with tokens whose transform is the identity (w = 0, beta = 0), which never
-influence a real token because they come after every real token of their sequence. Blocks
-never straddle two sequences, so no attention and no Householder product crosses a sequence
-boundary.
+block is padded with tokens whose transform is the identity (w = 0, beta = 0) and which come
+after every real token of the sequence, so they never influence a real token. Blocks never
+straddle two sequences: no attention and no Householder product crosses a sequence boundary.
 
-Blocks are numbered sequence-major (block id = first block of its sequence + local index l).
-The right-to-left scan of section 3.3 pairs query block l with key block l - d at step d.
-Query-side tensors are kept in `order`: block ids sorted by local index, descending, so that
-the query blocks still active at step d (those with l >= d) are the prefix
-`order[:counts[d]]`, and their key blocks are `key_index[d] = order[:counts[d]] - d`.
+The right-to-left scan of section 3.3 pairs the query block with local index l (its position
+inside its sequence) with the key block l - d at step d. Blocks are stored in *scan order*:
+sorted by local index, descending (ties in sequence order). The query blocks still active at
+step d, those with l >= d, are then the first `counts[d]` rows, and `key_rows[d]` gives the
+row of each one's key block. For a dense batch (and whenever all sequences have the same
+number of blocks) the key rows of a step are a contiguous range, so the scan slices instead
+of gathering (`key_lo`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockLayout", "make_layout"]
+__all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks"]
 
 
 @dataclass
@@ -29,19 +30,36 @@ class BlockLayout:
     C: int  # block size
     NB: int  # number of blocks, all sequences together
     n_tokens: int  # B * T
-    slot_token: torch.Tensor  # [NB * C] token index of each slot, n_tokens for padding
+    slot_token: torch.Tensor  # [NB * C] token of each slot; n_tokens for padding
+    slot_source: torch.Tensor  # [NB * C] token of each slot; padding -> last real token
     token_slot: torch.Tensor  # [B * T] slot of each token
-    seq_first_block: torch.Tensor  # [NB] id of the first block of the block's sequence
+    token_seq_start: torch.Tensor  # [B * T] first token of the token's sequence
     token_seq_end: torch.Tensor  # [B * T] one past the last token of the token's sequence
-    order: torch.Tensor  # [NB] block ids, local index descending
-    inverse_order: torch.Tensor  # [NB] position of each block id in `order`
     counts: list[int]  # counts[d] = number of blocks with local index >= d, d < n_max
-    key_index: list[torch.Tensor]  # key_index[d] [counts[d]] key block of each active row
+    key_rows: list[torch.Tensor]  # key_rows[d] [counts[d]] key block row of each active row
+    key_lo: list[int | None]  # key_rows[d] == range(lo, lo + counts[d]) when not None
 
     @property
     def n_max(self) -> int:
         """Largest number of blocks in one sequence (number of scan steps + 1)."""
         return len(self.counts)
+
+    def take(self, x: torch.Tensor, d: int, cnt: int | None = None) -> torch.Tensor:
+        """x[key rows of the first cnt active query rows at step d] (a view when possible)."""
+        cnt = self.counts[d] if cnt is None else cnt
+        lo = self.key_lo[d]
+        if lo is not None:
+            return x[lo: lo + cnt]
+        return x.index_select(0, self.key_rows[d][:cnt])
+
+    def put_add(self, x: torch.Tensor, d: int, src: torch.Tensor) -> None:
+        """x[key rows of step d] += src, src holding the first src.shape[0] active rows."""
+        cnt = src.shape[0]
+        lo = self.key_lo[d]
+        if lo is not None:
+            x[lo: lo + cnt] += src
+        else:
+            x.index_add_(0, self.key_rows[d][:cnt], src)
 
 
 def make_layout(B: int, T: int, C: int, cu_seqlens: torch.Tensor | None,
@@ -60,33 +78,41 @@ def make_layout(B: int, T: int, C: int, cu_seqlens: torch.Tensor | None,
         keep = ends > starts  # empty sequences own no block
         starts, ends = starts[keep], ends[keep]
     n_tokens = B * T
-    lengths = ends - starts  # [N]
-    n_blocks = (lengths + C - 1) // C  # [N]
+    n_blocks = (ends - starts + C - 1) // C  # [N]
     NB = int(n_blocks.sum())
-    first_block = n_blocks.cumsum(0) - n_blocks  # [N]
-    seq_of_block = torch.repeat_interleave(torch.arange(len(n_blocks)), n_blocks)  # [NB]
-    local = torch.arange(NB) - first_block[seq_of_block]  # [NB]
-    block_start = starts[seq_of_block] + local * C  # [NB]
-    slot_token = block_start[:, None] + torch.arange(C)  # [NB, C]
-    slot_token = torch.where(slot_token < ends[seq_of_block][:, None], slot_token, n_tokens)
-    slot_token = slot_token.reshape(-1)
-    token_slot = torch.full((n_tokens,), -1, dtype=torch.long)
+    # blocks in sequence-major order first ...
+    seq = torch.repeat_interleave(torch.arange(len(n_blocks)), n_blocks)  # [NB]
+    local = torch.arange(NB) - (n_blocks.cumsum(0) - n_blocks)[seq]  # [NB]
+    # ... then in scan order: local index descending, ties in sequence order
+    order = torch.sort(-local, stable=True).indices  # scan row -> sequence-major id
+    row_of = torch.empty_like(order)
+    row_of[order] = torch.arange(NB)  # sequence-major id -> scan row
+    seq, local = seq[order], local[order]
+    block_start = starts[seq] + local * C  # [NB]
+    slot = block_start[:, None] + torch.arange(C)  # [NB, C]
+    end = ends[seq][:, None]
+    slot_token = torch.where(slot < end, slot, n_tokens).reshape(-1)
+    slot_source = torch.minimum(slot, end - 1).reshape(-1)
     real = slot_token < n_tokens
+    token_slot = torch.full((n_tokens,), -1, dtype=torch.long)
     token_slot[slot_token[real]] = torch.arange(NB * C)[real]
+    token_seq_start = torch.zeros(n_tokens, dtype=torch.long)
     token_seq_end = torch.zeros(n_tokens, dtype=torch.long)
-    token_seq_end[slot_token[real]] = ends[seq_of_block].repeat_interleave(C)[real]
-    order = torch.sort(-local, stable=True).indices  # local index descending
-    inverse_order = torch.empty_like(order)
-    inverse_order[order] = torch.arange(NB)
+    token_seq_start[slot_token[real]] = starts[seq].repeat_interleave(C)[real]
+    token_seq_end[slot_token[real]] = ends[seq].repeat_interleave(C)[real]
     n_max = int(local.max()) + 1 if NB else 0
-    per_local = torch.bincount(local, minlength=n_max)  # blocks with local index == d
-    counts = per_local.flip(0).cumsum(0).flip(0).tolist()  # blocks with local index >= d
-    key_index = [(order[: counts[d]] - d).to(device) for d in range(n_max)]
+    counts = torch.bincount(local, minlength=n_max).flip(0).cumsum(0).flip(0).tolist()
+    key_rows, key_lo = [], []
+    for d in range(n_max):
+        rows = row_of[order[: counts[d]] - d]  # key block: same sequence, local index - d
+        lo = int(rows[0])
+        key_lo.append(lo if torch.equal(rows, torch.arange(lo, lo + len(rows))) else None)
+        key_rows.append(rows.to(device))
     to = lambda x: x.to(device)  # noqa: E731
     return BlockLayout(
-        C=C, NB=NB, n_tokens=n_tokens, slot_token=to(slot_token), token_slot=to(token_slot),
-        seq_first_block=to(first_block[seq_of_block]), token_seq_end=to(token_seq_end),
-        order=to(order), inverse_order=to(inverse_order), counts=counts, key_index=key_index,
+        C=C, NB=NB, n_tokens=n_tokens, slot_token=to(slot_token), slot_source=to(slot_source),
+        token_slot=to(token_slot), token_seq_start=to(token_seq_start),
+        token_seq_end=to(token_seq_end), counts=counts, key_rows=key_rows, key_lo=key_lo,
     )
 
 
