@@ -1,8 +1,8 @@
 """Per-block UT transform: everything the blockwise scan needs from one block (section 3.3).
 
-For a block of C tokens with W [C, D] (rows w_t) and beta [C], the UT transform gives
+For a block of c tokens with W [c, D] (rows w_t) and beta [c], the UT transform gives
 
-    A = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)          [C, C], lower triangular
+    A = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)          [c, c], lower triangular
 
 and for positions s <= e inside the block (local indices)
 
@@ -20,8 +20,17 @@ so that for query i in block a and key j in block b < a
     logit(i, j) = k~_j^T P_{b+1} ... P_{a-1} q~_i,
 
 which the scan evaluates right to left by updating the query rows q~ <- q~ Pt_b after each
-key block b. Everything here is plain differentiable PyTorch: the backward pass re-runs it
-under autograd to turn gradients of (Q~, K~, Pt, S) into gradients of (q, k, w, beta).
+key block b.
+
+The UT terms cost O(c^3) per block, so they are computed on sub-blocks of c tokens and
+adjacent sub-blocks (a, b) are merged pairwise until the scan's block size C is reached:
+
+    Q~ = [Q~_a ; Q~_b Pt_a],   K~ = [K~_a Pt_b^T ; K~_b],   Pt = Pt_a Pt_b,
+    S  = [[S_a, 0], [Q~_b K~_a^T, S_b]],
+
+which is exactly one step of the scan. Everything here is plain differentiable PyTorch:
+the backward pass re-runs it under autograd to turn gradients of (Q~, K~, Pt, S) into
+gradients of (q, k, w, beta).
 """
 
 from __future__ import annotations
@@ -30,40 +39,81 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["BlockUT", "block_ut"]
+__all__ = ["BlockUT", "block_ut", "sub_block_size"]
 
 
 class BlockUT(NamedTuple):
-    qt: torch.Tensor  # [NB, H, G*C, D]  scale * Q~ (query rows of the G heads sharing a KV head)
-    kt: torch.Tensor  # [NB, H, C, D]    K~
-    pt: torch.Tensor  # [NB, H, D, D]    Pt = P^T, the row-form block transition
-    s_diag: torch.Tensor  # [NB, H, G*C, C] scale * in-block logits (upper triangle not masked)
+    qt: torch.Tensor  # [NB, H, Gr*C, D]  scale * Q~ (rows of the Gr heads sharing a KV head)
+    kt: torch.Tensor  # [NB, H, C, D]     K~
+    pt: torch.Tensor  # [NB, H, D, D]     Pt = P^T, the row-form block transition
+    s_diag: torch.Tensor  # [NB, H, Gr*C, C] scale * in-block logits (upper triangle unmasked)
+
+
+def sub_block_size(C: int, target: int = 64) -> int:
+    """Largest c <= target with C = c * 2^k (C itself when no such c exists)."""
+    c = C
+    while c > target and c % 2 == 0:
+        c //= 2
+    return c
+
+
+def _ut_small(qb, kb, wb, bb):
+    """UT transform of sub-blocks. qb [NB, H, Gr, m, c, D]; kb, wb [NB, H, m, c, D];
+    bb [NB, H, m, c]. Returns unscaled (Q~, K~, Pt, S) with shapes
+    [NB, H, Gr, m, c, D], [NB, H, m, c, D], [NB, H, m, D, D], [NB, H, Gr, m, c, c]."""
+    c, D = wb.shape[-2:]
+    dev, dt = wb.device, wb.dtype
+    lower = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
+    incl = lower.to(dt)  # tril, diagonal included
+    strict = (lower & ~torch.eye(c, dtype=torch.bool, device=dev)).to(dt)
+    eye_c = torch.eye(c, dtype=dt, device=dev)
+    Tm = (wb @ wb.transpose(-1, -2)).mul_(bb[..., :, None]).mul_(strict).add_(eye_c)  # [.., c, c]
+    Tinv = torch.linalg.solve_triangular(Tm, eye_c.expand_as(Tm), upper=False,
+                                         unitriangular=True)
+    A = Tinv * bb[..., None, :]  # [NB, H, m, c, c] = Tm^{-1} diag(beta)
+    AW = A @ wb  # [NB, H, m, c, D]
+    M = A @ (wb @ kb.transpose(-1, -2)).mul_(strict)  # A strictLower(W K^T) [NB, H, m, c, c]
+    QW = (qb @ wb[:, :, None].transpose(-1, -2)).mul_(incl)  # tril(Q W^T) [NB, H, Gr, m, c, c]
+    q_tilde = qb - QW @ AW[:, :, None]
+    s = qb @ kb[:, :, None].transpose(-1, -2) - QW @ M[:, :, None]
+    k_tilde = kb - M.transpose(-1, -2) @ wb
+    pt = torch.eye(D, dtype=dt, device=dev) - wb.transpose(-1, -2) @ AW  # [NB, H, m, D, D]
+    return q_tilde, k_tilde, pt, s
+
+
+def _merge_pairs(qt, kt, pt, s):
+    """Merge sub-blocks 2i and 2i+1 (one scan step); shapes as `_ut_small` with m -> m / 2
+    and c -> 2c."""
+    qa, qb = qt[:, :, :, 0::2], qt[:, :, :, 1::2]  # [NB, H, Gr, m/2, c, D]
+    ka, kb = kt[:, :, 0::2], kt[:, :, 1::2]  # [NB, H, m/2, c, D]
+    pa, pb = pt[:, :, 0::2], pt[:, :, 1::2]  # [NB, H, m/2, D, D]
+    sa, sb = s[:, :, :, 0::2], s[:, :, :, 1::2]  # [NB, H, Gr, m/2, c, c]
+    cross = qb @ ka[:, :, None].transpose(-1, -2)  # [NB, H, Gr, m/2, c, c]
+    s_new = torch.cat([torch.cat([sa, torch.zeros_like(sa)], dim=-1),
+                       torch.cat([cross, sb], dim=-1)], dim=-2)  # [.., 2c, 2c]
+    q_new = torch.cat([qa, qb @ pa[:, :, None]], dim=-2)  # [.., 2c, D]
+    k_new = torch.cat([ka @ pb.transpose(-1, -2), kb], dim=-2)
+    return q_new, k_new, pa @ pb, s_new
 
 
 def block_ut(qb: torch.Tensor, kb: torch.Tensor, wb: torch.Tensor, bb: torch.Tensor,
-             scale: float) -> BlockUT:
-    """UT transform of every block.
+             scale: float, sub_block: int | None = None) -> BlockUT:
+    """UT transform of every block of C tokens, built from sub-blocks of `sub_block` tokens.
 
-    qb [NB, H, G, C, D]; kb, wb [NB, H, C, D]; bb [NB, H, C]; all of one floating dtype.
+    qb [NB, H, Gr, C, D]; kb, wb [NB, H, C, D]; bb [NB, H, C]; one floating dtype.
     """
-    NB, H, G, C, D = qb.shape
-    eye_c = torch.eye(C, dtype=qb.dtype, device=qb.device)
-    WWt = wb @ wb.transpose(-1, -2)  # [NB, H, C, C]
-    Tm = eye_c + torch.tril(bb[..., :, None] * WWt, diagonal=-1)
-    Tinv = torch.linalg.solve_triangular(Tm, eye_c.expand_as(Tm), upper=False,
-                                         unitriangular=True)
-    A = Tinv * bb[..., None, :]  # [NB, H, C, C] = Tm^{-1} diag(beta)
-    QW = torch.tril(qb @ wb[:, :, None].transpose(-1, -2))  # [NB, H, G, C, C], k <= i
-    U = QW @ A[:, :, None]  # [NB, H, G, C, C]
-    q_tilde = qb - U @ wb[:, :, None]  # [NB, H, G, C, D]
-    WK = torch.tril(wb @ kb.transpose(-1, -2), diagonal=-1)  # [NB, H, C, C], l > j
-    s_diag = qb @ kb[:, :, None].transpose(-1, -2) - U @ WK[:, :, None]  # [NB, H, G, C, C]
-    k_tilde = kb - (A @ WK).transpose(-1, -2) @ wb  # [NB, H, C, D]
-    eye_d = torch.eye(D, dtype=qb.dtype, device=qb.device)
-    pt = eye_d - wb.transpose(-1, -2) @ (A @ wb)  # [NB, H, D, D]
+    NB, H, Gr, C, D = qb.shape
+    c = sub_block_size(C) if sub_block is None else sub_block
+    m = C // c
+    # the scale multiplies every query-side quantity: apply it once to q
+    qt, kt, pt, s = _ut_small((qb * scale).view(NB, H, Gr, m, c, D), kb.view(NB, H, m, c, D),
+                              wb.view(NB, H, m, c, D), bb.view(NB, H, m, c))
+    while m > 1:
+        qt, kt, pt, s = _merge_pairs(qt, kt, pt, s)
+        m //= 2
     return BlockUT(
-        qt=(q_tilde * scale).reshape(NB, H, G * C, D),
-        kt=k_tilde,
-        pt=pt,
-        s_diag=(s_diag * scale).reshape(NB, H, G * C, C),
+        qt=qt.reshape(NB, H, Gr * C, D),
+        kt=kt.reshape(NB, H, C, D),
+        pt=pt.reshape(NB, H, D, D),
+        s_diag=s.reshape(NB, H, Gr * C, C),
     )
