@@ -118,16 +118,16 @@ class ScanGrads(NamedTuple):
     dgate_col: torch.Tensor | None  # [NB, H, Gr, C] column sums of dS at every key
 
 
-def _tile_grad(S, lse, delta, dO, Vt):
-    """FlashAttention-2 tile backward, in place on S (logits net of the gate row term).
+def _tile_probs(S, lse):
+    """Softmax probabilities of a tile, in place: S [.., R, C] (net of the gate row term),
+    lse [.., R] (net of the row term)."""
+    return S.sub_(lse[..., None]).exp_()
 
-    S [.., R, C]; lse, delta [.., R] (lse net of the row term); dO [.., R, Dv];
-    Vt [.., Dv, C]. Returns dV [.., C, Dv] and dS [.., R, C].
-    """
-    P = S.sub_(lse[..., None]).exp_()
-    dV = P.transpose(-1, -2) @ dO  # [.., C, Dv]
-    dS = (dO @ Vt).sub_(delta[..., None]).mul_(P)  # [.., R, C]
-    return dV, dS
+
+def _tile_dS(P, delta, dO, Vt):
+    """FlashAttention-2 tile backward: dS = P * (dO V^T - delta). P [.., R, C];
+    delta [.., R]; dO [.., R, Dv]; Vt [.., Dv, C]."""
+    return (dO @ Vt).sub_(delta[..., None]).mul_(P)
 
 
 def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,
@@ -139,8 +139,10 @@ def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | 
     Gr = R // C
     Vt = vb.transpose(-1, -2).contiguous()  # [NB, H, Dv, C]
     # --- diagonal blocks
-    S = _diag_logits(s_diag, gates, C)
-    dv, ds_diag = _tile_grad(S, lse, delta, do, Vt)
+    P = _tile_probs(_diag_logits(s_diag, gates, C), lse)
+    dv = P.transpose(-1, -2) @ do  # [NB, H, C, Dv]
+    ds_diag = _tile_dS(P, delta, do, Vt)
+    del P
     dcol = ds_diag.view(NB, H, Gr, C, C).sum(-2) if gates is not None else None
     dkt = torch.zeros_like(kt)
     dpt = torch.zeros_like(pt)
@@ -176,19 +178,20 @@ def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | 
             Q = states.pop()
             cnt = Q.shape[0]
             S, r = _cross_logits(Q, Ktt, d, lay, gates)
-            row = lse[:cnt] if r is None else lse[:cnt] - r
-            dV, dS = _tile_grad(S, row, delta[:cnt], do[:cnt], lay.take(Vt, d, cnt))
-            del S
-            lay.put_add(dv, d, dV)
-            lay.put_add(dkt, d, dS.transpose(-1, -2) @ Q)
+            P = _tile_probs(S, lse[:cnt] if r is None else lse[:cnt] - r)
+            lay.put_addmm(dv, d, P.transpose(-1, -2), do[:cnt])  # dV += P^T dO
+            dS = _tile_dS(P, delta[:cnt], do[:cnt], lay.take(Vt, d, cnt))
+            del S, P
+            lay.put_addmm(dkt, d, dS.transpose(-1, -2), Q)  # dK~ += dS^T state
             if dcol is not None:
                 lay.put_add(dcol, d, dS.view(cnt, H, Gr, C, C).sum(-2))
-            g = dS @ lay.take(kt, d, cnt)  # [cnt, H, R, D]
+            g = dS @ lay.take(kt, d, cnt)  # [cnt, H, R, D] gradient of state_d
             del dS
             if g_next is not None:
                 cnt_next = g_next.shape[0]
-                g[:cnt_next] += g_next @ lay.take(Pm, d, cnt_next)
-                lay.put_add(dpt, d, Q[:cnt_next].transpose(-1, -2) @ g_next)
+                g[:cnt_next].view(-1, R, D).baddbmm_(
+                    g_next.view(-1, R, D), lay.take(Pm, d, cnt_next).view(-1, D, D))
+                lay.put_addmm(dpt, d, Q[:cnt_next].transpose(-1, -2), g_next)
             g_next = g
             del Q
     dqt[: g_next.shape[0]] = g_next

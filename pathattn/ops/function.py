@@ -15,7 +15,7 @@ from torch.autograd.function import once_differentiable
 from .blockwise import backward_scan, forward_scan
 from .gates import block_gates, gate_grad
 from .layout import BlockLayout, from_blocks, to_blocks
-from .ut import BlockUT, block_ut
+from .ut import block_ut
 
 __all__ = ["PaTHAttnFunction", "compute_dtype"]
 
@@ -48,10 +48,11 @@ def _rows_to_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
     return from_blocks(x, lay).view(shape)
 
 
-def _ut(q, k, w, beta, lay: BlockLayout, scale: float, cd) -> BlockUT:
+def _blocks(q, k, w, beta, lay: BlockLayout, cd):
+    """Block layout of the UT inputs: [NB, H, Gr, C, D], [NB, H, C, D] x 2, [NB, H, C]."""
     H = k.shape[2]
-    return block_ut(_row_blocks(q, lay, H, cd), _kv_blocks(k, lay, cd), _kv_blocks(w, lay, cd),
-                    _kv_blocks(beta, lay, cd), scale)
+    return (_row_blocks(q, lay, H, cd), _kv_blocks(k, lay, cd), _kv_blocks(w, lay, cd),
+            _kv_blocks(beta, lay, cd))
 
 
 class PaTHAttnFunction(torch.autograd.Function):
@@ -63,7 +64,7 @@ class PaTHAttnFunction(torch.autograd.Function):
         H, Dv = k.shape[2], v.shape[-1]
         cd = compute_dtype(q.dtype)
         with torch.no_grad():
-            ut = _ut(q, k, w, beta, lay, scale, cd)
+            ut = block_ut(*_blocks(q, k, w, beta, lay, cd), scale)
             vb = _kv_blocks(v, lay, cd)
             gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
             o_rows, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates)
@@ -80,9 +81,12 @@ class PaTHAttnFunction(torch.autograd.Function):
         B, T, HQ, _ = q.shape
         H = k.shape[2]
         cd = compute_dtype(q.dtype)
-        leaves = [x.detach().to(cd).requires_grad_() for x in (q, k, w, beta)]
+        with torch.no_grad():
+            # autograd starts at the block tensors: the token <-> slot maps are bijective
+            # on real tokens, so their gradients map back with a gather (no scatter-add)
+            leaves = [x.requires_grad_() for x in _blocks(q, k, w, beta, lay, cd)]
         with torch.enable_grad():
-            ut = _ut(*leaves, lay, scale, cd)
+            ut = block_ut(*leaves, scale)
         with torch.no_grad():
             vb = _kv_blocks(v, lay, cd)
             gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
@@ -90,10 +94,13 @@ class PaTHAttnFunction(torch.autograd.Function):
             delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
             grads = backward_scan(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
                                   ut.s_diag.detach(), vb, gates, do_rows, lse, delta)
-        dq, dk, dw, dbeta = torch.autograd.grad(
+        dqb, dkb, dwb, dbb = torch.autograd.grad(
             [ut.qt, ut.kt, ut.pt, ut.s_diag], leaves,
-            [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag], allow_unused=True)
-        dv = from_blocks(grads.dv.transpose(1, 2), lay).view(v.shape)
+            [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag])
+        dq = _rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
+        dk, dw, dv = (from_blocks(x.transpose(1, 2), lay).view(ref.shape)
+                      for x, ref in ((dkb, k), (dwb, w), (grads.dv, v)))
+        dbeta = from_blocks(dbb.transpose(1, 2), lay).view(beta.shape)
         dg = None
         if g is not None:
             dg = gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)

@@ -61,6 +61,21 @@ class BlockLayout:
         else:
             x.index_add_(0, self.key_rows[d][:cnt], src)
 
+    def put_addmm(self, x: torch.Tensor, d: int, a: torch.Tensor, b: torch.Tensor) -> None:
+        """x[key rows of step d] += a @ b for the first a.shape[0] active rows.
+
+        x [NB, H, M, N]; a [cnt, H, M, K]; b [cnt, H, K, N]. Accumulates in place (one
+        batched GEMM, no temporary) when the key rows are a contiguous range.
+        """
+        cnt = a.shape[0]
+        lo = self.key_lo[d]
+        if lo is None:
+            x.index_add_(0, self.key_rows[d][:cnt], a @ b)
+            return
+        M, N = x.shape[-2:]
+        out = x[lo: lo + cnt].view(-1, M, N)
+        out.baddbmm_(a.reshape(-1, M, a.shape[-1]), b.reshape(-1, b.shape[-2], N))
+
 
 def make_layout(B: int, T: int, C: int, cu_seqlens: torch.Tensor | None,
                 device: torch.device) -> BlockLayout:

@@ -34,7 +34,7 @@ def _segments(T: int, B: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int
     if cu_seqlens is None:
         return [(b, 0, T) for b in range(B)]
     bounds = [int(x) for x in cu_seqlens.tolist()]
-    return [(0, s, e) for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+    return [(0, s, e) for s, e in zip(bounds[:-1], bounds[1:], strict=True) if e > s]
 
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ With it (row form, one row per token; our A is the paper's T^{-1}):
 
     boundary-adjusted queries  Q~ = Q - tril(Q W^T) A W               q~_i = H_first ... H_i q_i
     boundary-adjusted keys     K~ = K - (A strictLower(W K^T))^T W    k~_j = H_last ... H_{j+1} k_j
-    block transition           Pt = I - W^T A W                        (Pt = P^T, P = H_first...H_last)
+    block transition           Pt = I - W^T A W           (Pt = P^T, P = H_first ... H_last)
     in-block logits            S  = Q K^T - tril(Q W^T) A strictLower(W K^T)   (for j <= i)
 
 so that for query i in block a and key j in block b < a
