@@ -238,19 +238,27 @@ def ratio(rec: dict, mode: str, name: str, stat: str) -> float:
 
 
 def format_table(results: list[dict], name: str) -> str:
-    head = (f"{'T':>6} | {'sdpa fwd ms':>11} | {name + ' fwd ms':>14} | {'fwd ratio':>15} | "
-            f"{'sdpa fwd+bwd ms':>15} | {name + ' fwd+bwd ms':>18} | {'fwd+bwd ratio':>15}")
-    lines = [head, "-" * len(head)]
+    """T | sdpa fwd | <name> fwd | fwd ratio | sdpa fwd+bwd | <name> fwd+bwd | fwd+bwd ratio."""
+    cols = ["T"]
+    for mode in MODES:
+        label = MODE_LABELS[mode]
+        cols += [f"{BASELINE} {label} ms", f"{name} {label} ms", f"{label} ratio"]
+    rows = []
     for rec in results:
-        cells = [f"{rec['T']:>6}"]
+        row = [str(rec["T"])]
         for mode in MODES:
             s = rec["summary"][mode]
             r_min, r_med = ratio(rec, mode, name, "min"), ratio(rec, mode, name, "median")
-            w_sd, w_nm = (11, 14) if mode == "fwd" else (15, 18)
-            cells += [f"{s[BASELINE]['min']:>{w_sd}.1f}", f"{s[name]['min']:>{w_nm}.1f}",
-                      f"{r_min:>6.2f} (med {r_med:>4.2f})".rjust(15)]
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
+            row += [f"{s[BASELINE]['min']:.1f}", f"{s[name]['min']:.1f}",
+                    f"{r_min:.2f} (med {r_med:.2f})"]
+        rows.append(row)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+
+    def fmt(cells: list[str]) -> str:
+        return " | ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
+    head = fmt(cols)
+    return "\n".join([head, "-" * len(head), *map(fmt, rows)])
 
 
 def print_header(info: dict, args: argparse.Namespace) -> None:

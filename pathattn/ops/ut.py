@@ -57,6 +57,30 @@ def sub_block_size(C: int, target: int = 64) -> int:
     return c
 
 
+class _UnitLowerInverse(torch.autograd.Function):
+    """X = Tm^{-1} for unit lower-triangular Tm [.., c, c] (only its strictly lower part is
+    read, so only that part gets a gradient).
+
+    Backward from the explicit inverse, dTm = strictLower(-X^T dX X^T) (two batched GEMMs):
+    autograd's
+    rule for solve_triangular runs a transposed triangular solve that is orders of
+    magnitude slower on CPU for batches of small matrices.
+    """
+
+    @staticmethod
+    def forward(ctx, Tm):
+        eye = torch.eye(Tm.shape[-1], dtype=Tm.dtype, device=Tm.device).expand_as(Tm)
+        X = torch.linalg.solve_triangular(Tm, eye, upper=False, unitriangular=True)
+        ctx.save_for_backward(X)
+        return X
+
+    @staticmethod
+    def backward(ctx, dX):
+        (X,) = ctx.saved_tensors
+        Xt = X.transpose(-1, -2)
+        return torch.tril(-(Xt @ dX @ Xt), diagonal=-1)
+
+
 def _ut_small(qb, kb, wb, bb):
     """UT transform of sub-blocks. qb [NB, H, Gr, m, c, D]; kb, wb [NB, H, m, c, D];
     bb [NB, H, m, c]. Returns unscaled (Q~, K~, Pt, S) with shapes
@@ -68,8 +92,7 @@ def _ut_small(qb, kb, wb, bb):
     strict = (lower & ~torch.eye(c, dtype=torch.bool, device=dev)).to(dt)
     eye_c = torch.eye(c, dtype=dt, device=dev)
     Tm = (wb @ wb.transpose(-1, -2)).mul_(bb[..., :, None]).mul_(strict).add_(eye_c)  # [.., c, c]
-    Tinv = torch.linalg.solve_triangular(Tm, eye_c.expand_as(Tm), upper=False,
-                                         unitriangular=True)
+    Tinv = _UnitLowerInverse.apply(Tm)
     A = Tinv * bb[..., None, :]  # [NB, H, m, c, c] = Tm^{-1} diag(beta)
     AW = A @ wb  # [NB, H, m, c, D]
     M = A @ (wb @ kb.transpose(-1, -2)).mul_(strict)  # A strictLower(W K^T) [NB, H, m, c, c]
