@@ -26,6 +26,7 @@ import argparse
 import datetime
 import gc
 import json
+import os
 import platform
 import statistics
 import time
@@ -68,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="directory for the JSON and PNG results (default benchmarks/out)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: T in {256, 512}, 2 repeats (explicit flags still win)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads before timing (default: torch's default)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     return p.parse_args(argv)
 
@@ -106,7 +109,27 @@ def system_info() -> dict:
         "cpu": cpu_model(),
         "python": platform.python_version(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "loadavg_start": load_average(),
     }
+
+
+def load_average() -> float | None:
+    """1-minute load average (other processes on the box skew the timings), if known."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def print_load(label: str, warn: bool) -> None:
+    load = load_average()
+    if load is None:
+        return
+    print(f"{label} load average (1 min): {load:.2f} on {os.cpu_count()} CPUs")
+    if warn and load >= 0.5 and torch.get_num_threads() > 1:
+        print("  WARNING: other processes are using the CPUs. With >1 torch thread, code made "
+              "of many small ops\n  (path_attn) slows down far more than one big kernel (sdpa);"
+              " consider --threads 1.")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -221,7 +244,8 @@ def bench_seq_len(T: int, args: argparse.Namespace) -> dict:
     x = make_inputs(T, args.heads, args.dim, args.gates, args.seed)
     cands = build_candidates(x, args)
     repeats = repeats_for(T, args)
-    rec = {"T": T, "repeats": repeats, "times_ms": {}, "summary": {}}
+    rec = {"T": T, "repeats": repeats, "loadavg": load_average(), "times_ms": {},
+           "summary": {}}
     for mode in MODES:
         times = time_interleaved(cands, mode, repeats)
         rec["times_ms"][mode] = times
@@ -319,13 +343,18 @@ def save_plot(path: Path, results: list[dict], info: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     info = system_info()
     print_header(info, args)
+    print_load("start", warn=True)
     results = []
     for T in seq_lens_of(args):
         t0 = time.perf_counter()
         results.append(bench_seq_len(T, args))
         print(f"  T={T}: done in {time.perf_counter() - t0:.1f} s", flush=True)
+    info["loadavg_end"] = load_average()
+    print_load("end", warn=False)
     for name in candidate_names(results):
         print(f"\n{name} vs sdpa")
         print(format_table(results, name))

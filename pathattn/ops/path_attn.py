@@ -6,7 +6,7 @@ import torch
 
 from .function import PaTHAttnFunction
 from .layout import make_layout
-from .validation import check_path_attn_inputs
+from .validation import check_block_size, check_path_attn_inputs
 
 __all__ = ["path_attn", "DEFAULT_BLOCK_SIZE"]
 
@@ -49,9 +49,8 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
     """
     check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
     B, T, HQ, D = q.shape
-    C = DEFAULT_BLOCK_SIZE if block_size is None else int(block_size)
-    if C < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    block_size = check_block_size(block_size)
+    C = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     scale = D**-0.5 if scale is None else float(scale)
     if B * T == 0:
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())

@@ -25,7 +25,7 @@ key block b.
 The UT terms cost O(c^3) per block, so they are computed on sub-blocks of c tokens and
 adjacent sub-blocks (a, b) are merged pairwise until the scan's block size C is reached:
 
-    Q~ = [Q~_a ; Q~_b Pt_a],   K~ = [K~_a Pt_b^T ; K~_b],   Pt = Pt_a Pt_b,
+    Q~ = [Q~_a ; Q~_b Pt_a],   K~ = [K~_a Pt_b^T ; K~_b],   Pt = Pt_b Pt_a,
     S  = [[S_a, 0], [Q~_b K~_a^T, S_b]],
 
 which is exactly one step of the scan. Everything here is plain differentiable PyTorch:
@@ -116,7 +116,7 @@ def _merge_pairs(qt, kt, pt, s):
                        torch.cat([cross, sb], dim=-1)], dim=-2)  # [.., 2c, 2c]
     q_new = torch.cat([qa, qb @ pa[:, :, None]], dim=-2)  # [.., 2c, D]
     k_new = torch.cat([ka @ pb.transpose(-1, -2), kb], dim=-2)
-    return q_new, k_new, pa @ pb, s_new
+    return q_new, k_new, pb @ pa, s_new  # the scan passes b before a
 
 
 def block_ut(qb: torch.Tensor, kb: torch.Tensor, wb: torch.Tensor, bb: torch.Tensor,

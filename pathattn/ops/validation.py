@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
-__all__ = ["check_path_attn_inputs"]
+__all__ = ["check_path_attn_inputs", "check_block_size"]
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -54,10 +57,21 @@ def check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens) -> None:
         if x is not None and x.device != dev:
             raise ValueError(f"{name} is on {x.device} but q is on {dev}: all inputs must be "
                              "on one device")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"scale must be a positive number or None, got {scale!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
     if cu_seqlens is not None:
         _check_cu_seqlens(cu_seqlens, B, T)
+
+
+def check_block_size(block_size) -> int:
+    """block_size: None or a positive int (not bool)."""
+    if block_size is None:
+        return block_size
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) \
+            or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
+    return int(block_size)
 
 
 def _check_cu_seqlens(cu, B: int, T: int) -> None:
