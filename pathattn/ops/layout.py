@@ -32,6 +32,7 @@ class BlockLayout:
     n_tokens: int  # B * T
     slot_token: torch.Tensor  # [NB * C] token of each slot; n_tokens for padding
     slot_source: torch.Tensor  # [NB * C] token of each slot; padding -> last real token
+    pad_slots: torch.Tensor  # [number of padding slots] their indices
     token_slot: torch.Tensor  # [B * T] slot of each token
     token_seq_start: torch.Tensor  # [B * T] first token of the token's sequence
     token_seq_end: torch.Tensor  # [B * T] one past the last token of the token's sequence
@@ -126,15 +127,23 @@ def make_layout(B: int, T: int, C: int, cu_seqlens: torch.Tensor | None,
     to = lambda x: x.to(device)  # noqa: E731
     return BlockLayout(
         C=C, NB=NB, n_tokens=n_tokens, slot_token=to(slot_token), slot_source=to(slot_source),
+        pad_slots=to(torch.nonzero(~real).flatten()),
         token_slot=to(token_slot), token_seq_start=to(token_seq_start),
         token_seq_end=to(token_seq_end), counts=counts, key_rows=key_rows, key_lo=key_lo,
     )
 
 
 def to_blocks(x: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
-    """Tokens [B * T, *F] -> slots [NB, C, *F]; padding slots are zero. Differentiable."""
-    padded = torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))], dim=0)  # [B*T + 1, *F]
-    return padded.index_select(0, lay.slot_token).view((lay.NB, lay.C) + tuple(x.shape[1:]))
+    """Tokens [B * T, *F] -> slots [NB, C, *F]; padding slots are zero.
+
+    A gather plus an in-place zeroing of the padding slots: not meant for autograd (the op
+    differentiates with respect to the block tensors and maps gradients back with
+    `from_blocks`).
+    """
+    out = x.index_select(0, lay.slot_source)  # [NB*C, *F], padding repeats a real token
+    if lay.pad_slots.numel():
+        out.index_fill_(0, lay.pad_slots, 0)
+    return out.view((lay.NB, lay.C) + tuple(x.shape[1:]))
 
 
 def from_blocks(xb: torch.Tensor, lay: BlockLayout) -> torch.Tensor:

@@ -10,7 +10,7 @@ from .validation import check_block_size, check_path_attn_inputs
 
 __all__ = ["path_attn", "DEFAULT_BLOCK_SIZE"]
 
-DEFAULT_BLOCK_SIZE = 64
+DEFAULT_BLOCK_SIZE = 128
 
 
 def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
@@ -41,7 +41,8 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
         cu_seqlens: optional int tensor [N + 1] of packed sequence boundaries (B must be 1,
             FlashAttention convention). No attention and no Householder product crosses a
             boundary.
-        block_size: block length C of the blockwise algorithm (default 64).
+        block_size: block length C of the blockwise algorithm (default 128; the UT
+            transform itself runs on sub-blocks of at most 64 tokens).
 
     q, k, v, w share a dtype (float16, bfloat16, float32 or float64); beta and g may be any
     float dtype. Low precision inputs accumulate in float32. Returns o [B, T, HQ, Dv] in

@@ -59,7 +59,8 @@ def check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens) -> None:
                              "on one device")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
                               or not math.isfinite(scale) or scale <= 0):
-        raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
+        raise ValueError("scale must be a positive number or None (finite, not a bool), "
+                         f"got {scale!r}")
     if cu_seqlens is not None:
         _check_cu_seqlens(cu_seqlens, B, T)
 
