@@ -41,10 +41,11 @@ def _causal_rows(C: int, Gr: int, device) -> torch.Tensor:
     return torch.ones(C, C, dtype=torch.bool, device=device).tril().repeat(Gr, 1)
 
 
-def _diag_logits(s_diag: torch.Tensor, gates: BlockGates | None, C: int) -> torch.Tensor:
-    """Masked in-block logits with gate terms: [NB, H, R, C] (a new tensor)."""
+def _diag_logits(s_diag: torch.Tensor, gates: BlockGates | None, C: int,
+                 inplace: bool = False) -> torch.Tensor:
+    """Masked in-block logits with gate terms: [NB, H, R, C] (overwrites s_diag if inplace)."""
     NB, H, R, _ = s_diag.shape
-    S = s_diag.clone()
+    S = s_diag if inplace else s_diag.clone()
     if gates is not None:
         gl = gates.gl  # [NB, H, Gr, C]
         S.view(NB, H, R // C, C, C).add_(gl[..., :, None]).sub_(gl[..., None, :])
@@ -67,10 +68,45 @@ def _cross_logits(Q, Ktt, d, lay: BlockLayout, gates: BlockGates | None):
     return S, r.view(cnt, H, R)
 
 
+# Online-softmax shortcut: when no logit of a tile can exceed a row's running max by more
+# than this margin, the tile is exponentiated against the running max as it is, with no row
+# max and no rescaling of the accumulators (the result is the same; only the reference
+# point differs). exp(40) * T * |v| stays far below the float32 range.
+_HEADROOM = 40.0
+
+
+def _row_bound(qn, kmax, gl_min, r, C):
+    """Upper bound of every row's logits in a tile, by Cauchy-Schwarz.
+
+    qn [cnt, H, R] bound of the query-state norms; kmax [cnt, H] largest key norm of each
+    key block; gl_min [cnt, H, Gr] smallest gate column term of each key block, r [cnt, H, R]
+    the gate row term (both None without gates). Returns [cnt, H, R].
+    """
+    bound = qn * kmax[..., None]
+    if r is not None:
+        cnt, H, Gr = gl_min.shape
+        bound += r - gl_min[..., None].expand(cnt, H, Gr, C).reshape(cnt, H, Gr * C)
+    return bound
+
+
+def block_growth(wb: torch.Tensor, bb: torch.Tensor) -> torch.Tensor:
+    """Bound of the operator norm of each block transition: [NB, H].
+
+    ||I - beta w w^T||_2 = max(1, |1 - beta |w|^2|) (eigenvalues 1 and 1 - beta |w|^2), so
+    ||P_b|| <= prod_t max(1, |1 - beta_t |w_t|^2|): exactly 1 for unit w and beta in [0, 2].
+    wb [NB, H, C, D]; bb [NB, H, C].
+    """
+    rho = (1 - bb * (wb * wb).sum(-1)).abs().clamp_min(1)  # [NB, H, C]
+    return rho.prod(-1)
+
+
 def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch.Tensor,
-                 s_diag: torch.Tensor, vb: torch.Tensor, gates: BlockGates | None):
+                 s_diag: torch.Tensor, vb: torch.Tensor, gates: BlockGates | None,
+                 growth: torch.Tensor | None = None):
     """Forward pass. qt [NB, H, R, D]; kt [NB, H, C, D]; pt [NB, H, D, D];
-    s_diag [NB, H, R, C]; vb [NB, H, C, Dv]; blocks in scan order (see `layout`).
+    s_diag [NB, H, R, C] (overwritten); vb [NB, H, C, Dv]; growth [NB, H] norm bounds of
+    the block transitions (`block_growth`; None means unknown, disabling the shortcut);
+    blocks in scan order (see `layout`).
 
     Returns o [NB, H, R, Dv] and lse [NB, H, R] (log-sum-exp of each row's logits).
     """
@@ -78,34 +114,49 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
     NB, H, R, _ = qt.shape
     Dv = vb.shape[-1]
     # diagonal blocks (d = 0) initialise the online softmax
-    S = _diag_logits(s_diag, gates, C)
-    m = S.amax(-1)  # [NB, H, R]
+    S = _diag_logits(s_diag, gates, C, inplace=True)
+    m = S.amax(-1)  # [NB, H, R] running max (or a reference point within _HEADROOM of it)
     S.sub_(m[..., None]).exp_()
     den = S.sum(-1)  # [NB, H, R]
     acc = S @ vb  # [NB, H, R, Dv]
     del S
     Ktt = kt.transpose(-1, -2).contiguous()  # [NB, H, D, C]
+    kmax = torch.linalg.vector_norm(kt, dim=-1).amax(-1)  # [NB, H]
+    gl_min = None if gates is None else gates.gl.amin(-1)  # [NB, H, Gr]
+    # qn bounds the norm of every query state: |q~| times the growth of the blocks passed
+    qn = torch.linalg.vector_norm(qt, dim=-1)  # [NB, H, R]
+    if growth is None:
+        qn.fill_(float("inf"))
+    grows = growth is not None and bool((growth > 1).any())
     state = qt
     for d in range(1, lay.n_max):
         cnt = lay.counts[d]
         Q = state[:cnt]
         S, r = _cross_logits(Q, Ktt, d, lay, gates)
-        m_blk = S.amax(-1)
-        if r is not None:
-            m_blk += r
         m_old = m[:cnt]
-        m_new = torch.maximum(m_old, m_blk)
-        S.sub_((m_new if r is None else m_new - r)[..., None]).exp_()
-        alpha = (m_old - m_new).exp_()  # [cnt, H, R]
-        den[:cnt].mul_(alpha).add_(S.sum(-1))
+        bound = _row_bound(qn[:cnt], lay.take(kmax, d, cnt),
+                           None if gl_min is None else lay.take(gl_min, d, cnt), r, C)
         a = acc[:cnt].view(cnt * H, R, Dv)
-        a.mul_(alpha.view(cnt * H, R, 1))
+        if bool((bound <= m_old + _HEADROOM).all()):
+            S.sub_((m_old if r is None else m_old - r)[..., None]).exp_()
+            den[:cnt] += S.sum(-1)
+        else:
+            m_blk = S.amax(-1)
+            if r is not None:
+                m_blk += r
+            m_new = torch.maximum(m_old, m_blk)
+            S.sub_((m_new if r is None else m_new - r)[..., None]).exp_()
+            alpha = (m_old - m_new).exp_()  # [cnt, H, R]
+            den[:cnt].mul_(alpha).add_(S.sum(-1))
+            a.mul_(alpha.view(cnt * H, R, 1))
+            m[:cnt] = m_new
         a.baddbmm_(S.view(cnt * H, R, C), lay.take(vb, d, cnt).view(cnt * H, C, Dv))
-        m[:cnt] = m_new
         del S
         cnt_next = lay.counts[d + 1] if d + 1 < lay.n_max else 0
         if cnt_next:
             state = Q[:cnt_next] @ lay.take(pt, d, cnt_next)
+            if grows:
+                qn[:cnt_next] *= lay.take(growth, d, cnt_next)[..., None]
     return acc / den[..., None], m + den.log()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .blockwise import backward_scan, forward_scan
+from .blockwise import backward_scan, block_growth, forward_scan
 from .gates import block_gates, gate_grad
 from .layout import BlockLayout, from_blocks, to_blocks
 from .ut import block_ut
@@ -64,10 +64,12 @@ class PaTHAttnFunction(torch.autograd.Function):
         H, Dv = k.shape[2], v.shape[-1]
         cd = compute_dtype(q.dtype)
         with torch.no_grad():
-            ut = block_ut(*_blocks(q, k, w, beta, lay, cd), scale)
+            qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
+            ut = block_ut(qb, kb, wb, bb, scale)
             vb = _kv_blocks(v, lay, cd)
             gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
-            o_rows, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates)
+            o_rows, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
+                                       growth=block_growth(wb, bb))
             del ut
         ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
         ctx.scale, ctx.lay = scale, lay

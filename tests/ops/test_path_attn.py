@@ -31,8 +31,10 @@ F32_TOL = 1e-4
 @dataclass(frozen=True)
 class Case:
     """One input configuration; `special` edits the layer-like inputs of `make_inputs`:
-    "gate_cliff" (g = -50 on tokens 100..149), "beta0", "beta2", "beta0or2", or "w_free"
-    (w of norm in (0, 1) instead of unit)."""
+    "gate_cliff" (g = -50 on tokens 100..149), "beta0", "beta2", "beta0or2", "w_free"
+    (w of norm in (0, 1) instead of unit), "w_big" (norms in (1, 1.5): transforms that
+    expand), or "sharp" (q * 10: logits far above the running max, so the forward scan must
+    rescale instead of taking its no-rescale shortcut)."""
 
     B: int = 2
     T: int = 65
@@ -59,6 +61,10 @@ class Case:
             beta = 2.0 * (torch.rand(beta.shape, generator=gen) < 0.5)
         elif self.special == "w_free":
             w = w * torch.rand(self.B, self.T, self.H, 1, generator=gen)  # [B, T, H, 1] norms
+        elif self.special == "w_big":
+            w = w * (1 + 0.5 * torch.rand(self.B, self.T, self.H, 1, generator=gen))
+        elif self.special == "sharp":
+            q = q * 10
         else:
             assert not self.special, self.special
         return cast((q, k, v, w, beta, g), dtype)
@@ -154,6 +160,8 @@ def test_fp32_cu_seqlens_int32():
     Case(special="beta0"), Case(special="beta2"), Case(special="beta0or2"),
     Case(T=300, gates=False, special="beta0or2"), Case(special="w_free"),
     Case(T=300, gates=False, special="w_free"),
+    Case(T=300, gates=False, special="w_big"), Case(T=300, special="w_big"),
+    Case(T=300, gates=False, special="sharp"), Case(T=300, special="sharp"),
 ], ids=str)
 def test_fp32_special_inputs(case):
     _check_fp32(case, block_size=32)
