@@ -111,12 +111,17 @@ def _merge_pairs(qt, kt, pt, s):
     ka, kb = kt[:, :, 0::2], kt[:, :, 1::2]  # [NB, H, m/2, c, D]
     pa, pb = pt[:, :, 0::2], pt[:, :, 1::2]  # [NB, H, m/2, D, D]
     sa, sb = s[:, :, :, 0::2], s[:, :, :, 1::2]  # [NB, H, Gr, m/2, c, c]
+    cross = qb @ ka[:, :, None].transpose(-1, -2)  # b's queries, a's keys [.., c, c]
     c = sa.shape[-1]
-    s_new = sa.new_empty(sa.shape[:-2] + (2 * c, 2 * c))  # [NB, H, Gr, m/2, 2c, 2c]
-    s_new[..., :c, :c] = sa
-    s_new[..., :c, c:] = 0  # above the diagonal: masked by the scan
-    s_new[..., c:, :c] = qb @ ka[:, :, None].transpose(-1, -2)  # b's queries, a's keys
-    s_new[..., c:, c:] = sb
+    if torch.is_grad_enabled():  # cat: its backward is free views
+        s_new = torch.cat([torch.cat([sa, torch.zeros_like(sa)], dim=-1),
+                           torch.cat([cross, sb], dim=-1)], dim=-2)  # [.., 2c, 2c]
+    else:  # quadrant writes: one copy of every element
+        s_new = sa.new_empty(sa.shape[:-2] + (2 * c, 2 * c))  # [NB, H, Gr, m/2, 2c, 2c]
+        s_new[..., :c, :c] = sa
+        s_new[..., :c, c:] = 0  # above the diagonal: masked by the scan
+        s_new[..., c:, :c] = cross
+        s_new[..., c:, c:] = sb
     q_new = torch.cat([qa, qb @ pa[:, :, None]], dim=-2)  # [.., 2c, D]
     k_new = torch.cat([ka @ pb.transpose(-1, -2), kb], dim=-2)
     return q_new, k_new, pb @ pa, s_new  # the scan passes b before a
