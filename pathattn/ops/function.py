@@ -55,6 +55,30 @@ def _blocks(q, k, w, beta, lay: BlockLayout, cd):
             _kv_blocks(beta, lay, cd))
 
 
+def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float):
+    """UT transform and forward scan of block tensors (one head group). Returns o_rows
+    [NB, H, R, Dv] and lse [NB, H, R]."""
+    ut = block_ut(qb, kb, wb, bb, scale)
+    return forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, block_growth(wb, bb))
+
+
+def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_rows, lse,
+                     scale: float):
+    """Gradients with respect to the block tensors (one head group): dqb, dkb, dwb, dbb,
+    dvb and the gate column sums (or None)."""
+    leaves = [x.detach().requires_grad_() for x in (qb, kb, wb, bb)]
+    with torch.enable_grad():
+        ut = block_ut(*leaves, scale)
+    with torch.no_grad():
+        delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
+        grads = backward_scan(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
+                              ut.s_diag.detach(), vb, gates, do_rows, lse, delta)
+    dqb, dkb, dwb, dbb = torch.autograd.grad(
+        [ut.qt, ut.kt, ut.pt, ut.s_diag], leaves,
+        [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag])
+    return dqb, dkb, dwb, dbb, grads.dv, grads.dgate_col
+
+
 class PaTHAttnFunction(torch.autograd.Function):
     """o = PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, layout); see `path_attn`."""
 
@@ -64,13 +88,10 @@ class PaTHAttnFunction(torch.autograd.Function):
         H, Dv = k.shape[2], v.shape[-1]
         cd = compute_dtype(q.dtype)
         with torch.no_grad():
-            qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
-            ut = block_ut(qb, kb, wb, bb, scale)
+            blocks = _blocks(q, k, w, beta, lay, cd)
             vb = _kv_blocks(v, lay, cd)
             gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
-            o_rows, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
-                                       growth=block_growth(wb, bb))
-            del ut
+            o_rows, lse = _forward_blocks(lay, *blocks, vb, gates, scale)
         ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
         ctx.scale, ctx.lay = scale, lay
         return _rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype)
@@ -86,26 +107,17 @@ class PaTHAttnFunction(torch.autograd.Function):
         with torch.no_grad():
             # autograd starts at the block tensors: the token <-> slot maps are bijective
             # on real tokens, so their gradients map back with a gather (no scatter-add)
-            leaves = [x.requires_grad_() for x in _blocks(q, k, w, beta, lay, cd)]
-        with torch.enable_grad():
-            ut = block_ut(*leaves, scale)
-        with torch.no_grad():
+            blocks = _blocks(q, k, w, beta, lay, cd)
             vb = _kv_blocks(v, lay, cd)
             gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
             do_rows = _row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
-            delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
-            grads = backward_scan(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
-                                  ut.s_diag.detach(), vb, gates, do_rows, lse, delta)
-        dqb, dkb, dwb, dbb = torch.autograd.grad(
-            [ut.qt, ut.kt, ut.pt, ut.s_diag], leaves,
-            [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag])
-        dq = _rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
-        dk, dw, dv = (from_blocks(x.transpose(1, 2), lay).view(ref.shape)
-                      for x, ref in ((dkb, k), (dwb, w), (grads.dv, v)))
-        dbeta = from_blocks(dbb.transpose(1, 2), lay).view(beta.shape)
-        dg = None
-        if g is not None:
-            dg = gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)
+            dqb, dkb, dwb, dbb, dvb, dcol = _backward_blocks(
+                lay, *blocks, vb, gates, do_rows, o_rows, lse, scale)
+            dq = _rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
+            dk, dw, dv = (from_blocks(x.transpose(1, 2), lay).view(ref.shape)
+                          for x, ref in ((dkb, k), (dwb, w), (dvb, v)))
+            dbeta = from_blocks(dbb.transpose(1, 2), lay).view(beta.shape)
+            dg = None if g is None else gate_grad(dcol, lay).view(g.shape).to(g.dtype)
         cast = lambda x, ref: None if x is None else x.to(ref.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
                 None, None)
