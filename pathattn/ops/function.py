@@ -121,3 +121,48 @@ class PaTHAttnFunction(torch.autograd.Function):
         cast = lambda x, ref: None if x is None else x.to(ref.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
                 None, None)
+
+
+def _suffix_transitions(lay: BlockLayout, pt: torch.Tensor) -> torch.Tensor:
+    """R [NB, H, D, D] per block: the row-form transition of all later blocks of its
+    sequence, R_l = Pt_{l+1}^T R_{l+1}, R_last = I (paper section 3.4, "reuse the suffix
+    cumulative product"). pt [NB, H, D, D]; blocks in scan order."""
+    NB, D = pt.shape[0], pt.shape[-1]
+    R = torch.empty_like(pt)
+    n1 = lay.counts[1] if lay.n_max > 1 else 0
+    pred = lay.key_rows[1] if n1 else None  # pred[r]: row of the block before row r (r < n1)
+    has_next = torch.zeros(NB, dtype=torch.bool, device=pt.device)
+    if n1:
+        has_next[pred] = True
+    frontier = (~has_next).nonzero().squeeze(1)  # last block of every sequence
+    R[frontier] = torch.eye(D, dtype=pt.dtype, device=pt.device)
+    while True:
+        frontier = frontier[frontier < n1]  # blocks that have a block before them
+        if frontier.numel() == 0:
+            return R
+        prev = pred[frontier]
+        R[prev] = pt[frontier].transpose(-1, -2) @ R[frontier]
+        frontier = prev
+
+
+@torch.no_grad()
+def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
+    """Forward pass that also returns every key transformed by all later tokens of its
+    sequence, k_j^(T) = H_{T-1} ... H_{j+1} k_j, from the forward's own UT quantities
+    (K~ and the block transitions): the prefill of an inference cache at the cost of one
+    GEMM per block beyond the forward. No autograd.
+
+    Returns o [B, T, HQ, Dv] in q's dtype and keys [B, T, H, D] in the compute dtype.
+    """
+    B, T, HQ, _ = q.shape
+    H, D, Dv = k.shape[2], k.shape[3], v.shape[-1]
+    cd = compute_dtype(q.dtype)
+    qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
+    ut = block_ut(qb, kb, wb, bb, scale)
+    vb = _kv_blocks(v, lay, cd)
+    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+    o_rows, _ = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
+                             block_growth(wb, bb))
+    keys = ut.kt @ _suffix_transitions(lay, ut.pt)  # [NB, H, C, D]
+    keys = from_blocks(keys.transpose(1, 2), lay).view(B, T, H, D)
+    return _rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype), keys

@@ -3,7 +3,10 @@
 Prefill of a prompt of length P: the output is `path_attn`'s; the cache gets the keys
 transformed by every later prompt token, k_j^(P) = H_{P-1} ... H_{j+1} k_j, computed
 blockwise from the per-block UT quantities with suffix products of the block transitions
-(`cache.key_transforms`, the paper's "reuse the suffix cumulative product").
+(the paper's "reuse the suffix cumulative product"). Without autograd the forward's own
+block quantities give the keys (`path_attn_with_keys`: about 5 % beyond the forward);
+when the output must be differentiable, a separate key-only UT pass does
+(`cache.key_transforms`).
 
 Step of m >= 1 new tokens at positions [T, T + m) (decode: m = 1; speculative drafts: m > 1).
 With the chunk as one UT block (`ut.block_ut`): the boundary-adjusted queries
@@ -31,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import PaTHCache, Transition, key_transforms
-from .path_attn import path_attn
+from .path_attn import path_attn, path_attn_with_keys
 from .ut import block_ut
 from .validation import check_path_attn_inputs
 
@@ -76,9 +79,15 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
     check_path_attn_inputs(q, k, v, w, beta, g, scale, None)
     B, T, HQ, _ = q.shape
     mask = _check_attention_mask(attention_mask, B, T, q.device)
-    o = _prefill_output(q, k, v, w, beta, g, scale, mask)
+    inputs = (q, k, v, w, beta, g)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
+        # differentiable output: the op with autograd, keys by a separate UT pass
+        o = _prefill_output(q, k, v, w, beta, g, scale, mask)
+        keys = None
+    else:  # one pass: the forward's own UT quantities also give the cached keys
+        o, keys = _prefill_output(q, k, v, w, beta, g, scale, mask, with_keys=True)
     with torch.no_grad():
-        state = _prefill_state(k, v, w, beta, g, mask, HQ)
+        state = _prefill_state(k, v, w, beta, g, mask, HQ, keys)
     return o, state
 
 
@@ -104,9 +113,15 @@ def _check_attention_mask(mask, B: int, T: int, device) -> torch.Tensor | None:
     return None if bool(mask.all()) else mask
 
 
-def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None) -> torch.Tensor:
-    """path_attn on the prompts; with padding, on their real tokens packed by cu_seqlens."""
+def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None,
+                    with_keys: bool = False):
+    """path_attn on the prompts; with padding, on their real tokens packed by cu_seqlens.
+
+    with_keys: also return the transformed keys [B, T, H, D] (zero at padding), computed in
+    the same pass (`path_attn_with_keys`, no autograd)."""
     if mask is None:
+        if with_keys:
+            return path_attn_with_keys(q, k, v, w, beta, g, scale=scale)
         return path_attn(q, k, v, w, beta, g, scale=scale)
     B, T, HQ, _ = q.shape
     idx = mask.reshape(-1).nonzero().squeeze(1)  # real tokens, row by row
@@ -114,15 +129,23 @@ def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None) -> to
     def pack(x):  # [B, T, *F] -> [1, N, *F]
         return None if x is None else x.reshape((B * T,) + x.shape[2:])[idx][None]
 
+    def unpack(x):  # [1, N, *F] -> [B, T, *F], zero at padding
+        out = x.new_zeros((B * T,) + x.shape[2:]).index_copy(0, idx, x[0])
+        return out.view((B, T) + x.shape[2:])
+
     lengths = mask.sum(1)
     cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    o = path_attn(*(pack(x) for x in (q, k, v, w, beta, g)), scale=scale, cu_seqlens=cu)
-    out = o.new_zeros(B * T, HQ, v.shape[-1]).index_copy(0, idx, o[0])
-    return out.view(B, T, HQ, -1)
+    packed = [pack(x) for x in (q, k, v, w, beta, g)]
+    if with_keys:
+        o, keys = path_attn_with_keys(*packed, scale=scale, cu_seqlens=cu)
+        return unpack(o), unpack(keys)
+    return unpack(path_attn(*packed, scale=scale, cu_seqlens=cu))
 
 
-def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int) -> PaTHCache:
-    """Cache of the prompt: padding tokens get k = v = 0, w = 0, beta = 0 (identity), g = 0."""
+def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
+                   keys: torch.Tensor | None = None) -> PaTHCache:
+    """Cache of the prompt: padding tokens get k = v = 0, w = 0, beta = 0 (identity), g = 0.
+    keys: the transformed keys [B, T, H, D] when already computed (`path_attn_with_keys`)."""
     B, T = k.shape[:2]
     cd = _compute_dtype(k.dtype)
     kh, vh, wh = (_head_major(x, cd) for x in (k, v, w))  # [B, H, T, *]
@@ -133,7 +156,7 @@ def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int) -> PaTH
         kh, vh, wh = (x * keep[..., None] for x in (kh, vh, wh))
         bh = bh * keep
         start = T - mask.sum(1)
-    kn, _ = key_transforms(kh, wh, bh)
+    kn = key_transforms(kh, wh, bh)[0] if keys is None else _head_major(keys, cd)
     G = None
     if g is not None:
         g64 = g.to(torch.float64)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .function import PaTHAttnFunction
+from .function import PaTHAttnFunction, compute_dtype, forward_with_keys
 from .layout import make_layout
 from .validation import check_block_size, check_path_attn_inputs
 
-__all__ = ["path_attn", "DEFAULT_BLOCK_SIZE"]
+__all__ = ["path_attn", "path_attn_with_keys", "DEFAULT_BLOCK_SIZE"]
 
 DEFAULT_BLOCK_SIZE = 128
 
@@ -57,3 +57,24 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
     lay = make_layout(B, T, C, cu_seqlens, q.device)
     return PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, lay)
+
+
+def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
+                        block_size=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`path_attn` (no autograd) plus every key transformed by all later tokens of its
+    sequence: keys[b, j] = H_{T-1} ... H_{j+1} k_j (T the sequence's length), the cache of
+    `path_attn_prefill`. Arguments as `path_attn`.
+
+    Returns o [B, T, HQ, Dv] in q's dtype and keys [B, T, H, D] in the compute dtype
+    (float32, or float64 for float64 inputs).
+    """
+    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    B, T, HQ, D = q.shape
+    block_size = check_block_size(block_size)
+    C = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    scale = D**-0.5 if scale is None else float(scale)
+    if B * T == 0:
+        return (q.new_zeros(B, T, HQ, v.shape[-1]),
+                k.new_zeros(B, T, k.shape[2], D, dtype=compute_dtype(q.dtype)))
+    lay = make_layout(B, T, C, cu_seqlens, q.device)
+    return forward_with_keys(q, k, v, w, beta, g, scale, lay)

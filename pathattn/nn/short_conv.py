@@ -1,0 +1,141 @@
+"""Short causal depthwise convolution: the "short convolution layer (filter size 3)" that
+PaTH applies to the low-rank projection before the L2 normalisation of w (paper section
+2.2, footnote on w_t and beta_t).
+
+    y_t[c] = sum_{s=0}^{K-1} weight[c, K-1-s] * x_{t-s}[c]      (x_{t-s} = 0 before the start)
+
+over C channels with kernel size K. The paper names no activation after this convolution,
+so none is applied by default (fla's `ShortConvolution`, used by the reference code, defaults
+to SiLU; pass activation="silu" to get that).
+
+Three paths, one per use (STYLE point 6):
+    forward(x, cu_seqlens)   training: F.conv1d with K-1 zeros on the left, or, for packed
+                             sequences, a shifted sum that restarts at every boundary;
+    prefill(x, mask)         a prompt (left padding counts as zeros) and the decode state;
+    step(x, state)           m >= 1 new tokens from the state (the last K-1 inputs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["ShortConv"]
+
+_ACTIVATIONS = {None: None, "silu": F.silu}
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal conv1d over the last dim of x [B, T, C].
+
+    Args:
+        channels: C.
+        kernel_size: K >= 1 (PaTH: 3).
+        bias: add a learnable bias per channel.
+        activation: None (default, the paper's text) or "silu".
+
+    Parameters: weight [C, 1, K] (nn.Conv1d's depthwise layout, so the last tap multiplies
+    the current token), bias [C] or None.
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 3, bias: bool = False,
+                 activation: str | None = None):
+        super().__init__()
+        if not isinstance(channels, int) or channels < 1:
+            raise ValueError(f"channels must be a positive int, got {channels!r}")
+        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 1:
+            raise ValueError(f"kernel_size (conv_size) must be a positive int, got "
+                             f"{kernel_size!r}")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+        self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+        self.bias = nn.Parameter(torch.empty(channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.Conv1d's initialisation: U(-1/sqrt(K), 1/sqrt(K)) (fan_in = K, depthwise)."""
+        bound = 1 / math.sqrt(self.kernel_size)
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        return (f"{self.channels}, kernel_size={self.kernel_size}, bias={self.bias is not None}"
+                f", activation={self.activation}")
+
+    def _finish(self, y: torch.Tensor) -> torch.Tensor:
+        act = _ACTIVATIONS[self.activation]
+        return y if act is None else act(y)
+
+    # ------------------------------------------------------------------------- training
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, C] -> y [B, T, C]. cu_seqlens [N + 1] (with B == 1): packed sequences;
+        no output mixes inputs of two sequences."""
+        if cu_seqlens is None:
+            return self._conv(x)
+        return self._finish(self._packed_conv(x, cu_seqlens))
+
+    def _conv(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row is one sequence: F.conv1d with K-1 zeros on the left."""
+        xc = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # [B, C, K-1+T]
+        y = F.conv1d(xc, self.weight, self.bias, groups=self.channels)  # [B, C, T]
+        return self._finish(y.transpose(1, 2))
+
+    def _packed_conv(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Shifted sum sum_s weight[:, K-1-s] * x_{t-s}, each tap masked where t - s falls
+        before the start of t's sequence."""
+        B, T, C = x.shape
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs packed inputs with B == 1, got B={B}")
+        cu = cu_seqlens.to(device=x.device, dtype=torch.long)
+        pos = torch.arange(T, device=x.device)
+        start = cu[torch.searchsorted(cu, pos, right=True) - 1]  # [T] start of t's sequence
+        y = x.new_zeros(B, T, C) if self.bias is None else self.bias.expand(B, T, C)
+        for s in range(min(self.kernel_size, T)):
+            keep = (pos - s >= start).to(x.dtype)[None, :, None]  # [1, T, 1]
+            shifted = F.pad(x, (0, 0, s, 0))[:, :T]  # [B, T, C]: x_{t-s}
+            y = y + shifted * keep * self.weight[:, 0, self.kernel_size - 1 - s]
+        return y
+
+    # ------------------------------------------------------------------------ inference
+
+    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prompt x [B, T, C]; attention_mask [B, T] (1 = token, 0 = left padding) or None.
+
+        Padding inputs count as zeros, so every row equals its prompt alone (outputs at
+        padding positions are meaningless). Returns (y [B, T, C], state [B, K-1, C]): the
+        last K-1 inputs of every row (zeros before its start), detached.
+        """
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != tuple(x.shape[:2]):
+                raise ValueError(f"attention_mask must have shape [B, T] = "
+                                 f"{tuple(x.shape[:2])}, got {tuple(attention_mask.shape)}")
+            x = x * (attention_mask != 0).to(x.dtype)[..., None]
+        y = self._conv(x)
+        return y, self._last_inputs(x.detach())
+
+    def step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """m >= 1 new tokens x [B, m, C] after the inputs held in state [B, K-1, C].
+
+        Returns (y [B, m, C], history [B, K-1+m, C]): the state followed by x, detached;
+        its last K-1 rows are the next state (`history[:, -(K-1):]`, empty when K == 1).
+        """
+        if state.shape != (x.shape[0], self.kernel_size - 1, x.shape[2]):
+            raise ValueError(f"state must have shape [B, K-1, C] = "
+                             f"{(x.shape[0], self.kernel_size - 1, x.shape[2])}, got "
+                             f"{tuple(state.shape)}")
+        hist = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K-1+m, C]
+        y = F.conv1d(hist.transpose(1, 2), self.weight, self.bias, groups=self.channels)
+        return self._finish(y.transpose(1, 2)), hist.detach()  # [B, m, C]
+
+    def _last_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Last K-1 rows of x [B, T, C] along time, zeros before the start: [B, K-1, C]."""
+        K1 = self.kernel_size - 1
+        hist = F.pad(x, (0, 0, max(K1 - x.shape[1], 0), 0))  # [B, max(T, K-1), C]
+        return hist[:, hist.shape[1] - K1:].clone()
