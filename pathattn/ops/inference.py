@@ -38,7 +38,7 @@ from .path_attn import path_attn, path_attn_with_keys
 from .ut import block_ut
 from .validation import check_path_attn_inputs
 
-__all__ = ["path_attn_prefill", "path_attn_step"]
+__all__ = ["path_attn_prefill", "path_attn_step", "check_attention_mask"]
 
 UT_PAD = 64  # chunks longer than this are padded to a multiple of it for `block_ut`
 
@@ -78,7 +78,7 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
     """
     check_path_attn_inputs(q, k, v, w, beta, g, scale, None)
     B, T, HQ, _ = q.shape
-    mask = _check_attention_mask(attention_mask, B, T, q.device)
+    mask = check_attention_mask(attention_mask, B, T, q.device)
     inputs = (q, k, v, w, beta, g)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
         # differentiable output: the op with autograd, keys by a separate UT pass
@@ -91,7 +91,7 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
     return o, state
 
 
-def _check_attention_mask(mask, B: int, T: int, device) -> torch.Tensor | None:
+def check_attention_mask(mask, B: int, T: int, device) -> torch.Tensor | None:
     """attention_mask -> bool [B, T] (None when absent or without padding)."""
     if mask is None:
         return None

@@ -7,7 +7,7 @@ import numbers
 
 import torch
 
-__all__ = ["check_path_attn_inputs", "check_block_size"]
+__all__ = ["check_path_attn_inputs", "check_block_size", "check_cu_seqlens"]
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -62,7 +62,7 @@ def check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens) -> None:
         raise ValueError("scale must be a positive number or None (finite, not a bool), "
                          f"got {scale!r}")
     if cu_seqlens is not None:
-        _check_cu_seqlens(cu_seqlens, B, T)
+        check_cu_seqlens(cu_seqlens, B, T)
 
 
 def check_block_size(block_size) -> int:
@@ -75,7 +75,7 @@ def check_block_size(block_size) -> int:
     return int(block_size)
 
 
-def _check_cu_seqlens(cu, B: int, T: int) -> None:
+def check_cu_seqlens(cu, B: int, T: int) -> None:
     if not isinstance(cu, torch.Tensor) or cu.ndim != 1:
         raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of sequence "
                          "boundaries")

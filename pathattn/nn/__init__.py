@@ -1,0 +1,10 @@
+"""PaTH attention layers (paper section 2.2) and the RoPE / FoX baselines, each with a
+training `forward`, a `prefill` and a `decode`."""
+
+from .baselines import FoXAttention, RoPEAttention, RoPECache
+from .path_attention import LayerCache, PaTHAttention
+from .rope import RotaryEmbedding
+from .short_conv import ShortConv
+
+__all__ = ["PaTHAttention", "LayerCache", "RoPEAttention", "RoPECache", "FoXAttention",
+           "ShortConv", "RotaryEmbedding"]
