@@ -1,0 +1,138 @@
+"""Word problems on the groups A5 and S5 (Merrill et al. 2024, "The Illusion of State"),
+the paper's section "Synthetic Tasks" and `TASKS.md`.
+
+Group elements are permutations of the points 1..5, written in one-line notation: the
+string "23145" is the map 1->2, 2->3, 3->1, 4->4, 5->5, i.e. the cycle (1 2 3). The
+vocabulary is every element of the group in lexicographic order (identity "12345" first).
+
+Composition order (our choice): a word x_1 x_2 ... x_t acts on the points left to right,
+x_1 first, so its value is the prefix product P_t = x_t o ... o x_1 as functions,
+P_t(i) = x_t(P_{t-1}(i)); e.g. (1 2 3) then (1 2 4) = "43215". The target at position t is
+P_t (a token-tagging task for a causal model); the last target is the identity iff the
+whole word is.
+
+Alphabets: "elements" draws every element uniformly (60 for A5, 120 for S5).
+"generators" draws uniformly from generators and their inverses: for A5 g1 = (1 2 3),
+g2 = (1 2 4), g3 = (1 2 5) and inverses (6 tokens, as in the PaTH text); for S5 (our choice)
+the transposition (1 2), self-inverse, and the 5-cycle (1 2 3 4 5) and its inverse
+(3 tokens).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .export import Vocab, make_generator
+
+N_POINTS = 5
+GROUPS = ("a5", "s5")
+ALPHABETS = ("elements", "generators")
+
+
+def _parity(p: Sequence[int]) -> int:
+    """0 for an even permutation, 1 for odd (counted by inversions)."""
+    return sum(p[i] > p[j] for i in range(len(p)) for j in range(i + 1, len(p))) % 2
+
+
+def one_line(p: Sequence[int]) -> str:
+    """0-indexed image tuple (p[i] = image of point i) -> one-line string, e.g. "23145"."""
+    return "".join(str(x + 1) for x in p)
+
+
+def from_cycles(*cycles: Sequence[int]) -> tuple[int, ...]:
+    """Cycle notation on points 1..5 -> 0-indexed image tuple; from_cycles((1, 2, 3))."""
+    p = list(range(N_POINTS))
+    for c in cycles:
+        for a, b in zip(c, tuple(c[1:]) + tuple(c[:1]), strict=True):
+            p[a - 1] = b - 1
+    return tuple(p)
+
+
+def inverse(p: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(p)
+    for i, x in enumerate(p):
+        inv[x] = i
+    return tuple(inv)
+
+
+GENERATORS = {
+    "a5": [from_cycles((1, 2, 3)), from_cycles((1, 2, 4)), from_cycles((1, 2, 5))],
+    "s5": [from_cycles((1, 2)), from_cycles((1, 2, 3, 4, 5))],
+}
+
+
+def group_elements(group: str) -> list[tuple[int, ...]]:
+    """All elements of A5 (even permutations) or S5, lexicographic, as image tuples."""
+    perms = itertools.permutations(range(N_POINTS))
+    return [p for p in perms if group == "s5" or _parity(p) == 0]
+
+
+def alphabet_elements(group: str, alphabet: str) -> list[tuple[int, ...]]:
+    """The elements tokens are drawn from: the whole group, or generators and inverses."""
+    if alphabet == "elements":
+        return group_elements(group)
+    gens = []
+    for g in GENERATORS[group]:
+        for h in (g, inverse(g)):
+            if h not in gens:
+                gens.append(h)
+    return gens
+
+
+@dataclass
+class WordProblemConfig:
+    group: str = "a5"
+    alphabet: str = "elements"
+    length: int = 32  # T, tokens per sequence (our default; the task sweeps it)
+    batch_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.group not in GROUPS:
+            raise ValueError(f"group must be one of {GROUPS}, got {self.group!r}")
+        if self.alphabet not in ALPHABETS:
+            raise ValueError(f"alphabet must be one of {ALPHABETS}, got {self.alphabet!r}")
+        if self.length < 1:
+            raise ValueError("length must be >= 1")
+
+
+class WordProblem:
+    """Endless, seeded stream of (tokens, targets) batches, each LongTensor [B, T] of ids
+    into `vocab` (all group elements); targets[:, t] is the prefix product P_t (every
+    position scored). Every `iter()` restarts the stream from the seed."""
+
+    def __init__(self, cfg: WordProblemConfig | None = None, **kwargs):
+        self.cfg = cfg if cfg is not None else WordProblemConfig(**kwargs)
+        elements = group_elements(self.cfg.group)
+        self.vocab = Vocab([one_line(p) for p in elements])
+        index = {p: i for i, p in enumerate(elements)}
+        # table[a, b] = id of "a then b" = b o a, i.e. (b o a)(i) = b[a[i]]
+        self.table = torch.tensor(
+            [[index[tuple(b[i] for i in a)] for b in elements] for a in elements])  # [G, G]
+        self.alphabet = torch.tensor(  # [A] ids of the drawable tokens
+            [index[p] for p in alphabet_elements(self.cfg.group, self.cfg.alphabet)])
+        self.identity = index[tuple(range(N_POINTS))]
+
+    def prefix_products(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] -> LongTensor [B, T], the ids of P_1 .. P_T."""
+        out = torch.empty_like(tokens)
+        acc = torch.full_like(tokens[:, 0], self.identity)  # [B]
+        for t in range(tokens.shape[1]):
+            acc = self.table[acc, tokens[:, t]]
+            out[:, t] = acc
+        return out
+
+    def sample(self, generator: torch.Generator) -> torch.Tensor:
+        """One batch of words: LongTensor [B, T] of ids drawn uniformly from the alphabet."""
+        B, T = self.cfg.batch_size, self.cfg.length
+        return self.alphabet[torch.randint(len(self.alphabet), (B, T), generator=generator)]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        g = make_generator(self.cfg.seed)
+        while True:
+            tokens = self.sample(g)
+            yield tokens, self.prefix_products(tokens)

@@ -1,0 +1,1 @@
+"""Tests of pathattn.tasks: targets against independent computations, seeding, CLI."""
