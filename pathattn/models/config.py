@@ -1,0 +1,174 @@
+"""`ModelConfig`: the one dataclass that describes a decoder-only language model of
+`pathattn.models` (STYLE point 4), with named presets.
+
+Field names follow Hugging Face's (LLaMA-style) configs so that an HF `PretrainedConfig`
+can later be a thin adapter over this dataclass (`to_dict` / `from_dict`). The attention
+layer of every block is chosen by `attn_type`:
+
+    "path"      PaTHAttention (paper section 2.2)
+    "path_fox"  PaTHAttention with forget gates (PaTH-FoX, section 2.2)
+    "rope"      RoPEAttention (section 2.1 baseline)
+    "fox"       FoXAttention (Forgetting Transformer baseline)
+
+`w_rank`, `conv_size` and `beta_max` are read by the PaTH types only, `rope_theta` by
+"rope" only; `qk_norm` by all four.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ModelConfig", "PRESETS", "ATTN_TYPES"]
+
+ATTN_TYPES = ("path", "path_fox", "rope", "fox")
+
+# name -> field values that differ from the defaults; `ModelConfig.preset(name, **over)`.
+PRESETS: dict[str, dict[str, Any]] = {
+    # unit tests: a few milliseconds per forward on a CPU
+    "tiny": dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, w_rank=8,
+                 max_position_embeddings=256),
+    # flip-flop language modelling (paper, "Synthetic Tasks"): one layer, two heads, width
+    # 64; vocab 5 is the flip-flop task's (w, r, i, 0, 1), override it for other tasks
+    "fflm-1l": dict(vocab_size=5, hidden_size=64, intermediate_size=256,
+                    num_hidden_layers=1, num_attention_heads=2, w_rank=32,
+                    max_position_embeddings=2048),
+    # a GPT-2-small-sized model (about 110M parameters with the 32k vocab, tied)
+    "small": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048,
+                  num_hidden_layers=12, num_attention_heads=12, w_rank=32,
+                  max_position_embeddings=2048),
+}
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def _is_real(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
+
+@dataclass
+class ModelConfig:
+    """Decoder-only LM hyper-parameters (HF names). Validated on construction and by
+    `validate()`; invalid values raise a ValueError that names the field.
+
+    Args:
+        vocab_size: V, token ids lie in [0, V).
+        hidden_size: model width.
+        intermediate_size: hidden width of the SwiGLU MLP.
+        num_hidden_layers: number of blocks.
+        num_attention_heads: HQ query heads.
+        num_key_value_heads: H key/value heads (None = HQ, multi-head; HQ % H == 0).
+        head_dim: D (None = hidden_size // num_attention_heads; must be even for "rope").
+        max_position_embeddings: the longest sequence the model is meant for. Informational
+            (HF compatibility): no layer has a position table, so it is not enforced.
+        rms_norm_eps: epsilon of the RMSNorms (block norms, final norm, QK norm).
+        tie_word_embeddings: the LM head shares the token embedding's weight.
+        attn_type: one of "path", "path_fox", "rope", "fox" (module docstring).
+        w_rank: rank of PaTH's w projection; None or 0 = one full-rank Linear.
+        conv_size: kernel size of PaTH's short convolution on w (paper: 3).
+        qk_norm: per-head RMSNorm of q and k.
+        beta_max: PaTH's beta = beta_max * sigmoid(.), in (0, 2]; use < 2 for bf16.
+        rope_theta: RoPE base ("rope").
+        initializer_range: std of the normal init of linear and embedding weights.
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    intermediate_size: int = 2048
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    attn_type: str = "path"
+    w_rank: int | None = 32
+    conv_size: int = 3
+    qk_norm: bool = False
+    beta_max: float = 2.0
+    rope_theta: float = 10000.0
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------------ checks
+
+    def validate(self) -> ModelConfig:
+        """Raise ValueError naming the first invalid field; return self when valid."""
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "max_position_embeddings", "conv_size"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("num_key_value_heads", "head_dim"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ValueError(f"{name} must be None or a positive int, got {value!r}")
+        if self.w_rank is not None and (not _is_int(self.w_rank) or self.w_rank < 0):
+            raise ValueError(f"w_rank must be None or a non-negative int, got {self.w_rank!r}")
+        for name in ("rms_norm_eps", "rope_theta", "initializer_range"):
+            value = getattr(self, name)
+            if not _is_real(value) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if not _is_real(self.beta_max) or not 0 < self.beta_max <= 2:
+            raise ValueError(f"beta_max must be a number in (0, 2], got {self.beta_max!r}")
+        for name in ("tie_word_embeddings", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.attn_type not in ATTN_TYPES:
+            raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
+        HQ, H = self.num_attention_heads, self.kv_heads
+        if HQ % H:
+            raise ValueError(f"num_key_value_heads={H} must divide num_attention_heads={HQ} "
+                             "(GQA / MQA)")
+        if self.head_dim is None and self.hidden_size % HQ:
+            raise ValueError(f"head_dim: hidden_size={self.hidden_size} is not divisible by "
+                             f"num_attention_heads={HQ}; pass head_dim explicitly")
+        if self.attn_type == "rope" and self.head_size % 2:
+            raise ValueError(f"head_dim must be even for attn_type='rope', got "
+                             f"{self.head_size}")
+        return self
+
+    # -------------------------------------------------------------- derived quantities
+
+    @property
+    def kv_heads(self) -> int:
+        """H: num_key_value_heads, or num_attention_heads when None."""
+        return self.num_attention_heads if self.num_key_value_heads is None else \
+            self.num_key_value_heads
+
+    @property
+    def head_size(self) -> int:
+        """D: head_dim, or hidden_size // num_attention_heads when None."""
+        return self.hidden_size // self.num_attention_heads if self.head_dim is None else \
+            self.head_dim
+
+    # ------------------------------------------------------------- dicts and presets
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Inverse of `to_dict`; unknown keys raise ValueError (missing keys take the
+        defaults)."""
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s): {unknown}")
+        return cls(**d)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ModelConfig:
+        """The preset `name` of `PRESETS` ("tiny", "fflm-1l", "small"), with field
+        overrides, e.g. `ModelConfig.preset("fflm-1l", vocab_size=8, attn_type="rope")`."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; presets: {sorted(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], **overrides})

@@ -1,0 +1,299 @@
+"""`PaTHLM`: a decoder-only language model (LLaMA-style pre-norm blocks) whose attention is
+PaTH (paper section 2.2), PaTH-FoX, or the RoPE / FoX baselines, chosen by
+`ModelConfig.attn_type`:
+
+    x_0 = E[input_ids]                                          token embedding [B, T, hidden]
+    x_l = x_{l-1} + Attn_l(RMSNorm(x_{l-1}))
+    x_l = x_l     + SwiGLU_l(RMSNorm(x_l))                      l = 1 .. num_hidden_layers
+    logits = W_head RMSNorm(x_L)                                W_head = E when tied
+
+(the paper's language models follow the LLaMA recipe, section 4 "Experimental setup").
+Training (`forward`, optionally packed with cu_seqlens), prompt processing (`prefill`) and
+incremental decoding (`decode`) are separate methods (STYLE point 6).
+
+Labels convention: `labels[b, t]` is the target of position t, already aligned (the
+next token for language modelling), -100 = not scored. This is the convention of
+`pathattn.tasks` (tokens, targets) batches and it keeps packed batches correct (no shift
+crosses a cu_seqlens boundary: set the last label of each packed sequence to -100). The
+loss is the mean cross-entropy over the scored positions of the whole batch (NaN when none
+is scored), so packed and separate batches agree on the *sum* loss * num_scored.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..nn import FoXAttention, PaTHAttention, RoPEAttention
+from ..nn.path_attention import init_forget_gate_bias
+from .config import ModelConfig
+
+__all__ = ["PaTHLM", "ModelCache", "RMSNorm", "SwiGLU", "Block", "IGNORE_INDEX"]
+
+IGNORE_INDEX = -100
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight over the last dim (weight [hidden], init 1); computed in float32
+    for 16-bit x, returned in x's dtype."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(y.dtype)).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)): x [..., hidden] -> [..., hidden], no biases."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def make_attention(config: ModelConfig) -> nn.Module:
+    """The attention layer of `config.attn_type`, with the config's sizes."""
+    common = dict(hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
+                  num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
+                  qk_norm=config.qk_norm, norm_eps=config.rms_norm_eps)
+    if config.attn_type in ("path", "path_fox"):
+        return PaTHAttention(**common, w_rank=config.w_rank, conv_size=config.conv_size,
+                             use_forget_gate=config.attn_type == "path_fox",
+                             beta_max=config.beta_max)
+    if config.attn_type == "rope":
+        return RoPEAttention(**common, rope_base=config.rope_theta)
+    if config.attn_type == "fox":
+        return FoXAttention(**common)
+    raise ValueError(f"attn_type: unknown {config.attn_type!r}")
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + Attn(RMSNorm(x)), then + SwiGLU(RMSNorm(.)). x [B, T, hidden]."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = make_attention(config)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cu_seqlens)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """-> (x [B, T, hidden], the attention layer's cache)."""
+        y, cache = self.attn.prefill(self.attn_norm(x), attention_mask)
+        x = x + y
+        return x + self.mlp(self.mlp_norm(x)), cache
+
+    def decode(self, x: torch.Tensor, cache) -> torch.Tensor:
+        x = x + self.attn.decode(self.attn_norm(x), cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModelCache:
+    """Decode state of `PaTHLM`: one attention-layer cache per block (`layers`).
+
+    `reorder(index)` selects batch rows in every layer (beam search); `truncate(n)` keeps the
+    first n positions in every layer, with the layer caches' limits (PaTH and FoX caches go
+    back to the start of the last decode step at most; RoPE caches anywhere). Every layer
+    has the same type and length, so an out-of-range n is rejected by the first layer before
+    any layer changes.
+    """
+
+    def __init__(self, layers: list):
+        self.layers = list(layers)
+
+    def __len__(self) -> int:
+        return len(self.layers[0])
+
+    @property
+    def seq_len(self) -> int:
+        """Positions held (prompt length including left padding, plus decoded tokens)."""
+        return len(self)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Row b becomes old row index[b] (index [B'] int32 / int64), in place."""
+        for cache in self.layers:
+            cache.reorder(index)
+
+    def truncate(self, new_len: int) -> None:
+        """Keep the first new_len positions, in place."""
+        for cache in self.layers:
+            cache.truncate(new_len)
+
+
+def _check_ids(name: str, ids, vocab_size: int) -> None:
+    """ids must be an integer tensor [B, T] (T >= 1) with values in [0, vocab_size)."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{name} must be an integer tensor [B, T], got {type(ids).__name__}")
+    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise ValueError(f"{name} must be an integer tensor (int64 / int32), got {ids.dtype}")
+    if ids.ndim != 2 or ids.shape[1] == 0:
+        raise ValueError(f"{name} must have shape [B, T] with T >= 1, got "
+                         f"{tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name}: ids must lie in [0, vocab_size={vocab_size}), got "
+                         f"min {int(ids.min())}, max {int(ids.max())}")
+
+
+def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> None:
+    """labels: integer tensor of input_ids' shape, values in [0, V) or IGNORE_INDEX."""
+    if not isinstance(labels, torch.Tensor) or labels.dtype == torch.bool or (
+            labels.dtype.is_floating_point or labels.dtype.is_complex):
+        got = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be an integer tensor [B, T], got {got}")
+    if labels.shape != input_ids.shape:
+        raise ValueError(f"labels must have input_ids' shape {tuple(input_ids.shape)}, got "
+                         f"{tuple(labels.shape)}")
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
+    if bool(bad.any()):
+        raise ValueError(f"labels must lie in [0, vocab_size={vocab_size}) or be "
+                         f"{IGNORE_INDEX} (not scored)")
+
+
+class PaTHLM(nn.Module):
+    """Decoder-only LM of `config` (module docstring). Parameters: `embed_tokens`,
+    `layers` (Blocks), `norm`, `lm_head` (tied to `embed_tokens` when
+    `config.tie_word_embeddings`).
+
+    Set `model.gradient_checkpointing = True` to recompute each block in the backward of
+    `forward` (torch.utils.checkpoint, non-reentrant) instead of storing its activations.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.config = config.validate()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.gradient_checkpointing = False
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Linear and embedding weights ~ N(0, initializer_range), biases 0, norm weights 1;
+        forget-gate biases U(1, 5) (the layers' gate init, gates start near 1); the short
+        convolutions keep their own (nn.Conv1d) init."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for block in self.layers:
+            g_proj = getattr(block.attn, "g_proj", None)
+            if g_proj is not None:
+                init_forget_gate_bias(g_proj.bias)
+
+    def num_parameters(self) -> int:
+        """Number of distinct parameters (a tied head counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(x))  # [B, T, V]
+
+    # ------------------------------------------------------------------------ training
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Training path.
+
+        Args:
+            input_ids: int64 / int32 [B, T], ids in [0, vocab_size).
+            labels: None or int [B, T], labels[b, t] = target of position t (already
+                aligned), -100 = not scored.
+            cu_seqlens: None or int [N + 1] (B == 1): packed sequences; no attention (and no
+                PaTH short conv) crosses a boundary.
+
+        Returns (logits [B, T, V] float in the parameters' dtype, loss): loss is the mean
+        cross-entropy (float32 math) over the scored positions, or None without labels.
+        """
+        _check_ids("input_ids", input_ids, self.config.vocab_size)
+        if labels is not None:
+            _check_labels(labels, input_ids, self.config.vocab_size)
+        x = self.embed_tokens(input_ids)  # [B, T, hidden]
+        for block in self.layers:
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, cu_seqlens, use_reentrant=False)
+            else:
+                x = block(x, cu_seqlens)
+        logits = self._logits(x)
+        loss = None
+        if labels is not None:
+            V = logits.shape[-1]
+            loss = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1).long(),
+                                   ignore_index=IGNORE_INDEX)
+        return logits, loss
+
+    # ----------------------------------------------------------------------- inference
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, ModelCache]:
+        """Prompts input_ids [B, T]; attention_mask [B, T] (1 = token, 0 = left padding;
+        padding ids must still lie in [0, V)). Returns (logits [B, T, V], ModelCache): each
+        row's logits at its real positions equal `forward` on that prompt alone; logits at
+        padding positions are meaningless."""
+        _check_ids("input_ids", input_ids, self.config.vocab_size)
+        x = self.embed_tokens(input_ids)  # [B, T, hidden]
+        caches = []
+        for block in self.layers:
+            x, cache = block.prefill(x, attention_mask)
+            caches.append(cache)
+        return self._logits(x), ModelCache(caches)
+
+    @torch.no_grad()
+    def decode(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        """m >= 1 new tokens input_ids [B, m] after `cache` (updated in place). Returns
+        logits [B, m, V]: the last m rows of `forward` on the whole sequence. No gradients."""
+        _check_ids("input_ids", input_ids, self.config.vocab_size)
+        if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.layers):
+            raise ValueError(f"cache must be the ModelCache of this model's prefill "
+                             f"({len(self.layers)} layers), got {type(cache).__name__}")
+        x = self.embed_tokens(input_ids)  # [B, m, hidden]
+        for block, layer_cache in zip(self.layers, cache.layers, strict=True):
+            x = block.decode(x, layer_cache)
+        return self._logits(x)
+
+    @torch.no_grad()
+    def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int,
+                        attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy decoding: prefill the prompts input_ids [B, T] (attention_mask as
+        `prefill`, left padding), then one decode step per token. Returns only the new
+        tokens, int64 [B, max_new_tokens]."""
+        if isinstance(max_new_tokens, bool) or not isinstance(
+                max_new_tokens, numbers.Integral) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got "
+                             f"{max_new_tokens!r}")
+        logits, cache = self.prefill(input_ids, attention_mask)
+        out = []
+        for i in range(int(max_new_tokens)):
+            if i:
+                logits = self.decode(out[-1], cache)
+            out.append(logits[:, -1].argmax(-1, keepdim=True))  # [B, 1]
+        if not out:
+            return input_ids.new_zeros(input_ids.shape[0], 0, dtype=torch.long)
+        return torch.cat(out, dim=1)
