@@ -1,11 +1,20 @@
-"""Command line: `pathattn data TASK --n N --out FILE.jsonl` exports synthetic-task
-sequences (`pathattn.tasks`) as JSONL, one `{"tokens": [...], "targets": [...]}` per line,
-tokens as strings and targets[t] the token the model must output at position t (null where
-not scored). Subcommands are argparse subparsers, one `_add_*` / `_run_*` pair each."""
+"""Command line. Subcommands are argparse subparsers, one `_add_*` / `_run_*` pair each.
+
+`pathattn data TASK --n N --out FILE.jsonl` exports synthetic-task sequences
+(`pathattn.tasks`) as JSONL, one `{"tokens": [...], "targets": [...]}` per line, tokens as
+strings and targets[t] the token the model must output at position t (null where not
+scored).
+
+`pathattn train --task flipflop --attn path --layers 1 --heads 2 --dim 64 --steps N
+--batch-size B --out DIR` trains a model (`pathattn.train`); options left out take the
+`TrainConfig` defaults (PROVISIONAL for flip-flop on a CPU: 2000 steps of batch 16, not
+tuned to reach the paper's error rates). `--resume` continues DIR's checkpoint with the
+config stored there (options given must agree with it)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 
 from .tasks import (
@@ -75,10 +84,85 @@ def _run_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+# train options: (flag, dest == TrainConfig field, type, help); default None = "not given"
+TRAIN_OPTIONS = [
+    ("--task", "task", str, "flipflop, a5, s5 or mqrar (default flipflop)"),
+    ("--attn", "attn", str, "path, path_fox, rope or fox (default path)"),
+    ("--layers", "layers", int, "number of blocks (default 1)"),
+    ("--heads", "heads", int, "attention heads (default 2)"),
+    ("--dim", "dim", int, "hidden size (default 64)"),
+    ("--steps", "steps", int, "optimizer steps (default 2000, provisional)"),
+    ("--batch-size", "batch_size", int, "sequences per step (default 16)"),
+    ("--lr", "lr", float, "peak learning rate (default 1e-3)"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0.1)"),
+    ("--warmup-steps", "warmup_steps", int, "linear warmup steps (default 100)"),
+    ("--min-lr-ratio", "min_lr_ratio", float, "cosine floor as a fraction of lr (0.1)"),
+    ("--grad-clip", "grad_clip", float, "max global grad norm, 0 = off (default 1.0)"),
+    ("--seed", "seed", int, "seed of the model init and the data (default 0)"),
+    ("--dtype", "dtype", str, "float32 or bfloat16 autocast (default float32)"),
+    ("--eval-every", "eval_every", int, "steps between evaluations (default 500)"),
+    ("--eval-batches", "eval_batches", int, "batches per split per evaluation (default 4)"),
+    ("--log-every", "log_every", int, "steps between log.jsonl records (default 10)"),
+    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (500)"),
+    ("--num-pairs", "num_pairs", int, "flipflop (instruction, bit) pairs (default 256)"),
+    ("--length", "length", int, "a5, s5 (default 32), mqrar (default 768) tokens"),
+    ("--alphabet", "alphabet", str, "a5, s5: elements or generators"),
+    ("--n-back", "n_back", int, "mqrar N (default 2)"),
+    ("--keys", "keys", int, "mqrar number of keys (default 32)"),
+    ("--values", "values", int, "mqrar value vocabulary size (default 64)"),
+]
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model on a synthetic task",
+                       description="Train a PaTHLM on a synthetic task (pathattn.train). "
+                       "Writes DIR/log.jsonl, eval.jsonl, metrics.json, checkpoints/.")
+    for flag, dest, typ, help_ in TRAIN_OPTIONS:
+        p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    p.add_argument("--out", required=True, help="run directory (out_dir)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --out with its stored config")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.set_defaults(run=_run_train)
+
+
+def _train_config(args: argparse.Namespace):
+    """The TrainConfig of parsed `train` arguments (the checkpoint's with --resume)."""
+    from .train import TrainConfig, latest_step, load_checkpoint
+
+    given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
+             if getattr(args, dest) is not None}
+    common = dict(out_dir=args.out, progress=not args.no_progress)
+    if not args.resume:
+        return TrainConfig(**given, **common)
+    if latest_step(args.out) is None:
+        raise ValueError(f"--resume: no checkpoint in {args.out}")
+    stored = load_checkpoint(args.out)["config"]
+    diff = sorted(k for k, v in given.items() if stored[k] != v)
+    if diff:
+        raise ValueError(f"--resume: options {diff} differ from the checkpoint's config")
+    return TrainConfig.from_dict({**stored, **common})
+
+
+def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .train import Trainer
+
+    try:
+        cfg = _train_config(args)
+        trainer = Trainer(cfg, resume=args.resume)
+    except ValueError as e:
+        parser.error(str(e))
+    metrics = trainer.train()
+    print(json.dumps(metrics))
+    print(f"wrote {cfg.out_dir}/log.jsonl, metrics.json and checkpoints/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathattn", description="PaTH attention tools")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_data(sub)
+    _add_train(sub)
     return parser
 
 

@@ -1,0 +1,298 @@
+"""`TrainConfig`: the one dataclass that describes a training run on a synthetic task of
+`pathattn.tasks` (STYLE point 4), with named presets, and the task / model / data stream it
+builds.
+
+Data streams (`TaskStream`) draw the same batches as iterating the task object itself
+(`iter(FlipFlop(cfg))` etc.), but keep their `torch.Generator` in reach so that a
+checkpoint can store its state and the number of batches drawn (exact resume).
+
+Validation streams (our choice): flip-flop uses its named splits `val`, `val_sparse`,
+`val_dense` (`pathattn.tasks.SPLITS`, each its own seeded stream); the other tasks have no
+splits, so their single `val` stream is the training task with seed stream 1 instead of 0
+(independent of the training stream, fixed for a given seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..models import ATTN_TYPES, ModelConfig
+from ..tasks import (
+    MQRAR,
+    SPLITS,
+    FlipFlop,
+    FlipFlopConfig,
+    MQRARConfig,
+    WordProblem,
+    WordProblemConfig,
+    make_generator,
+)
+from ..tasks.flipflop import next_token_targets, sample_flipflop
+
+__all__ = ["TrainConfig", "TRAIN_PRESETS", "TASKS", "DTYPES", "TaskStream", "build_task",
+           "task_config", "build_model_config", "eval_splits"]
+
+TASKS = ("flipflop", "a5", "s5", "mqrar")
+DTYPES = ("float32", "bfloat16")
+ALPHABETS = ("elements", "generators")
+FLIPFLOP_VAL_SPLITS = ("val", "val_sparse", "val_dense")
+
+# name -> field values that differ from the defaults; `TrainConfig.preset(name, **over)`.
+# PROVISIONAL: sized to finish in minutes on a CPU, not tuned to reach the paper's numbers.
+TRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    # flip-flop, the paper's 1-layer / 2-head / 64-wide model (the defaults)
+    "fflm-cpu": dict(task="flipflop"),
+    # A5 word problems, length 32 (our default length)
+    "a5-cpu": dict(task="a5", layers=2, dim=128, heads=4, length=32),
+    # MQRAR 2-back, the paper's width and heads but a short sequence
+    "mqrar-cpu": dict(task="mqrar", layers=2, dim=256, heads=2, length=128, n_back=2),
+}
+
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def _is_real(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of one training run. Validated on construction and by `validate()`;
+    invalid values raise a ValueError that names the field.
+
+    Model: a `PaTHLM` from the "fflm-1l" `ModelConfig` preset with vocab_size = the task's
+    vocabulary, hidden_size = dim, intermediate_size = 4 * dim, num_hidden_layers = layers,
+    num_attention_heads = heads, attn_type = attn.
+
+    Optimisation: AdamW(betas=(0.9, 0.95)); the learning rate rises linearly over
+    warmup_steps, then follows a cosine to lr * min_lr_ratio at `steps` (`lr_at`);
+    gradients are clipped to global norm grad_clip (0 = off). dtype "bfloat16" runs the
+    forward under CPU / CUDA autocast, parameters and optimizer state stay float32.
+
+    Defaults (PROVISIONAL): steps=2000 at batch 16 is a flip-flop run of about 13 minutes on
+    one CPU core (0.4 s / step, 512 tokens), not tuned to reach the paper's error rates (a
+    later task).
+
+    Task options: num_pairs (flip-flop; T = 2 * num_pairs), length (a5 / s5: default 32,
+    mqrar: default 768), alphabet (a5 / s5), n_back, keys, values (mqrar). None = the
+    task's default.
+    """
+
+    task: str = "flipflop"
+    attn: str = "path"
+    layers: int = 1
+    heads: int = 2
+    dim: int = 64
+    steps: int = 2000
+    batch_size: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    dtype: str = "float32"
+    eval_every: int = 500
+    eval_batches: int = 4
+    log_every: int = 10
+    checkpoint_every: int = 500
+    out_dir: str = "runs/train"
+    # task options
+    num_pairs: int | None = None
+    length: int | None = None
+    alphabet: str | None = None
+    n_back: int | None = None
+    keys: int | None = None
+    values: int | None = None
+    # display only (not part of a run's identity; ignored when resuming)
+    progress: bool = True
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> TrainConfig:
+        """Raise ValueError naming the first invalid field; return self when valid."""
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.attn not in ATTN_TYPES:
+            raise ValueError(f"attn must be one of {ATTN_TYPES}, got {self.attn!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("layers", "heads", "dim", "steps", "batch_size", "eval_every",
+                     "eval_batches", "log_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in ("warmup_steps", "seed"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if not _is_real(self.lr) or not self.lr > 0:
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not _is_real(value) or not value >= 0:
+                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        if not _is_real(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be a number in [0, 1], got "
+                             f"{self.min_lr_ratio!r}")
+        if self.dim % self.heads:
+            raise ValueError(f"dim={self.dim} must be divisible by heads={self.heads}")
+        if self.attn == "rope" and (self.dim // self.heads) % 2:
+            raise ValueError(f"dim: head size dim // heads = {self.dim // self.heads} must be "
+                             "even for attn='rope'")
+        if not isinstance(self.out_dir, str) or not self.out_dir:
+            raise ValueError(f"out_dir must be a non-empty str, got {self.out_dir!r}")
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"progress must be a bool, got {self.progress!r}")
+        self._validate_task_options()
+        return self
+
+    def _validate_task_options(self) -> None:
+        applies = {"num_pairs": ("flipflop",), "length": ("a5", "s5", "mqrar"),
+                   "alphabet": ("a5", "s5"), "n_back": ("mqrar",), "keys": ("mqrar",),
+                   "values": ("mqrar",)}
+        for name, tasks in applies.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.task not in tasks:
+                raise ValueError(f"{name} applies to task {', '.join(tasks)} only, got "
+                                 f"{name}={value!r} with task={self.task!r}")
+            if name == "alphabet":
+                if value not in ALPHABETS:
+                    raise ValueError(f"alphabet must be one of {ALPHABETS}, got {value!r}")
+            elif not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be None or a positive int, got {value!r}")
+        try:
+            task_config(self)
+        except ValueError as e:
+            raise ValueError(f"task options: {e}") from None
+
+    # ------------------------------------------------------------- dicts and presets
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Inverse of `to_dict`; unknown keys raise ValueError."""
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s): {unknown}")
+        return cls(**d)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> TrainConfig:
+        """The preset `name` of `TRAIN_PRESETS`, with field overrides."""
+        if name not in TRAIN_PRESETS:
+            raise ValueError(f"unknown preset {name!r}; presets: {sorted(TRAIN_PRESETS)}")
+        return cls.from_dict({**TRAIN_PRESETS[name], **overrides})
+
+    def run_identity(self) -> dict[str, Any]:
+        """The fields that must match for a resume to continue the same run (all but
+        `progress` and `out_dir`)."""
+        d = self.to_dict()
+        d.pop("progress")
+        d.pop("out_dir")
+        return d
+
+
+# ---------------------------------------------------------------------------- builders
+
+def task_config(cfg: TrainConfig, split: str = "train"):
+    """The task's own config dataclass (FlipFlopConfig, WordProblemConfig or MQRARConfig)
+    with cfg's batch_size, seed and task options; None options take the task's defaults.
+    `split` is a flip-flop split name; other tasks ignore it."""
+    if cfg.task == "flipflop":
+        extra = {} if cfg.num_pairs is None else {"num_pairs": cfg.num_pairs}
+        return FlipFlopConfig(split=split, batch_size=cfg.batch_size, seed=cfg.seed, **extra)
+    if cfg.task in ("a5", "s5"):
+        extra = {k: v for k, v in (("length", cfg.length), ("alphabet", cfg.alphabet))
+                 if v is not None}
+        return WordProblemConfig(group=cfg.task, batch_size=cfg.batch_size, seed=cfg.seed,
+                                 **extra)
+    extra = {k: v for k, v in (("length", cfg.length), ("n_back", cfg.n_back),
+                               ("num_keys", cfg.keys), ("num_values", cfg.values))
+             if v is not None}
+    return MQRARConfig(batch_size=cfg.batch_size, seed=cfg.seed, **extra)
+
+
+def build_task(cfg: TrainConfig, split: str = "train"):
+    """The task object (FlipFlop, WordProblem or MQRAR) of `task_config(cfg, split)`."""
+    tcfg = task_config(cfg, split)
+    if isinstance(tcfg, FlipFlopConfig):
+        return FlipFlop(tcfg)
+    if isinstance(tcfg, WordProblemConfig):
+        return WordProblem(tcfg)
+    return MQRAR(tcfg)
+
+
+def eval_splits(cfg: TrainConfig) -> tuple[str, ...]:
+    """Names of the evaluation splits: flip-flop's three, otherwise ("val",)."""
+    return FLIPFLOP_VAL_SPLITS if cfg.task == "flipflop" else ("val",)
+
+
+def build_model_config(cfg: TrainConfig, vocab_size: int, seq_len: int) -> ModelConfig:
+    """The `ModelConfig` of a run ("fflm-1l" preset with the run's sizes)."""
+    return ModelConfig.preset(
+        "fflm-1l", vocab_size=vocab_size, hidden_size=cfg.dim, intermediate_size=4 * cfg.dim,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, attn_type=cfg.attn,
+        max_position_embeddings=max(2048, seq_len))
+
+
+class TaskStream:
+    """Endless batches (tokens, targets), LongTensor [B, T] each, of one task and split,
+    identical to `iter(task)` for the training stream. `state_dict()` holds the generator
+    state and the number of batches drawn; `load_state_dict` continues from there.
+
+    Args:
+        task: a FlipFlop, WordProblem or MQRAR.
+        stream: generator stream (flip-flop: the split's, from SPLITS; others: 0 = train,
+            1 = val).
+    """
+
+    def __init__(self, task, stream: int):
+        self.task = task
+        self.stream = stream
+        self.generator = make_generator(task.cfg.seed, stream)
+        self.batches = 0
+
+    @classmethod
+    def for_split(cls, cfg: TrainConfig, split: str) -> TaskStream:
+        """The stream of `split` ("train" or one of `eval_splits(cfg)`)."""
+        task = build_task(cfg, split)
+        if cfg.task == "flipflop":
+            return cls(task, SPLITS[split][1])
+        return cls(task, 0 if split == "train" else 1)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        task, g = self.task, self.generator
+        if isinstance(task, FlipFlop):
+            tokens = sample_flipflop(task.cfg, g)
+            batch = tokens, next_token_targets(tokens)
+        elif isinstance(task, WordProblem):
+            tokens = task.sample(g)
+            batch = tokens, task.prefix_products(tokens)
+        else:
+            batch = task.encode(*task.sample(g))
+        self.batches += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "batches": self.batches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.batches = int(state["batches"])

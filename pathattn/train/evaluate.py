@@ -1,0 +1,76 @@
+"""Evaluation on the synthetic tasks' validation streams (`TASKS.md` metrics).
+
+Flip-flop (per split `val`, `val_sparse`, `val_dense`):
+    error_rate      fraction of `r` positions whose argmax next-token prediction is not the
+                    stored bit (the token after the `r`), pooled over all batches
+    seq_error_rate  fraction of sequences with at least one such error
+Other tasks (split `val`):
+    token_acc       fraction of scored positions (target != -100) predicted right (argmax)
+    seq_acc         fraction of sequences with every scored position right
+
+Every evaluation draws the same `eval_batches` batches (fresh streams with fixed seeds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..models import IGNORE_INDEX, PaTHLM
+from ..tasks import read_mask
+from .config import TaskStream, TrainConfig, eval_splits
+
+__all__ = ["evaluate", "autocast_context"]
+
+
+def autocast_context(dtype: str, device: torch.device):
+    """autocast to bfloat16 for dtype "bfloat16", otherwise a no-op context."""
+    if dtype == "bfloat16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _batch_counts(pred: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor,
+                  flipflop: bool) -> tuple[int, int, int, int]:
+    """(wrong, scored, sequences with an error, sequences) of one batch; pred, tokens,
+    targets LongTensor [B, T]."""
+    scored = read_mask(tokens) if flipflop else targets != IGNORE_INDEX  # [B, T]
+    wrong = (pred != targets) & scored  # [B, T]
+    return (int(wrong.sum()), int(scored.sum()), int(wrong.any(dim=1).sum()),
+            tokens.shape[0])
+
+
+@torch.no_grad()
+def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu"
+             ) -> dict[str, dict[str, float]]:
+    """Metrics of `model` on every split of `eval_splits(cfg)` (module docstring), e.g.
+    {"val": {"error_rate": ..., "seq_error_rate": ...}, "val_sparse": ..., "val_dense": ...}
+    for flip-flop, {"val": {"token_acc": ..., "seq_acc": ...}} otherwise. Leaves the model
+    in the train / eval mode it was in."""
+    device = torch.device(device)
+    flipflop = cfg.task == "flipflop"
+    was_training = model.training
+    model.eval()
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for split in eval_splits(cfg):
+            stream = TaskStream.for_split(cfg, split)
+            wrong = scored = seq_wrong = seqs = 0
+            for _ in range(cfg.eval_batches):
+                tokens, targets = next(stream)  # [B, T] each
+                tokens, targets = tokens.to(device), targets.to(device)
+                with autocast_context(cfg.dtype, device):
+                    logits, _ = model(tokens)  # [B, T, V]
+                counts = _batch_counts(logits.argmax(-1), tokens, targets, flipflop)
+                wrong, scored = wrong + counts[0], scored + counts[1]
+                seq_wrong, seqs = seq_wrong + counts[2], seqs + counts[3]
+            err = wrong / scored if scored else float("nan")
+            seq_err = seq_wrong / seqs
+            if flipflop:
+                out[split] = {"error_rate": err, "seq_error_rate": seq_err}
+            else:
+                out[split] = {"token_acc": 1.0 - err, "seq_acc": 1.0 - seq_err}
+    finally:
+        model.train(was_training)
+    return out

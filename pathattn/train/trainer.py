@@ -1,0 +1,226 @@
+"""`Trainer`: trains a `PaTHLM` on a synthetic task of `pathattn.tasks` from a `TrainConfig`.
+
+One optimizer step per batch of the task's training stream: forward (autocast for
+dtype="bfloat16"), mean cross-entropy over scored targets, backward, gradient clipping,
+AdamW with the learning rate of `lr_at`. Outputs in `cfg.out_dir`:
+
+    log.jsonl      one record per logged step: {"step", "loss", "lr", "grad_norm",
+                   "elapsed_s"}; "loss" is that step's batch loss
+    eval.jsonl     one record per evaluation: {"step", <split>: {metric: value}}
+    metrics.json   the final evaluation, flat (`flatten_metrics`): for flip-flop the error rates
+                   as fractions under "val", "val_sparse", "val_dense" and the fractions of
+                   sequences with an error under "<split>_seq_error_rate"
+    config.json    the TrainConfig
+    checkpoints/   see `pathattn.train.checkpoint`
+
+Weight decay applies to matrices and convolution kernels only: norm weights, biases and
+embeddings (including a tied LM head, which is the embedding) are not decayed, the usual
+GPT / LLaMA recipe (decaying embeddings pulls rare tokens' vectors to zero).
+
+Exact resume: the checkpoint holds weights, optimizer state, step, the torch RNG state and
+the training stream's generator state and batch count; the learning rate is a function of
+the step. A run resumed from step k gives bit-identical losses for steps k+1.. to an
+uninterrupted run with the same config (same machine and thread count). Log records after
+step k (from the interrupted run) are dropped on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from ..models import PaTHLM
+from .checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
+from .config import TaskStream, TrainConfig, build_model_config
+from .evaluate import autocast_context, evaluate
+
+__all__ = ["Trainer", "lr_at", "param_groups"]
+
+
+def flatten_metrics(nested: dict[str, dict[str, float]]) -> dict[str, float]:
+    """{split: {metric: value}} -> flat keys: a split's "error_rate" (flip-flop's headline
+    metric) is stored under the split's own name, every other metric as "<split>_<metric>"."""
+    flat = {}
+    for split, values in nested.items():
+        for metric, value in values.items():
+            flat[split if metric == "error_rate" else f"{split}_{metric}"] = value
+    return flat
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step `step` (0-based: the update that takes the model
+    from `step` to `step + 1` steps). Linear warmup lr * (step + 1) / warmup_steps for
+    step < warmup_steps, then a cosine from lr down to lr * min_lr_ratio, reached at
+    step == cfg.steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    ratio = cfg.min_lr_ratio
+    return cfg.lr * (ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: [decayed, not decayed]. Not decayed: parameters with fewer than two
+    dims (norm weights, biases, gate biases) and embedding weights (a tied LM head is the
+    same tensor, counted once)."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():  # distinct parameters, a tied weight once
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Trainer:
+    """Training loop of `cfg` (module docstring).
+
+    Args:
+        cfg: the run's TrainConfig.
+        resume: continue from cfg.out_dir's checkpoint (its config must match cfg in every
+            field but `progress` and `out_dir`; ValueError otherwise).
+        device: where the model runs (default CPU).
+    """
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False,
+                 device: torch.device | str = "cpu"):
+        self.cfg = cfg.validate()
+        self.device = torch.device(device)
+        self.out_dir = Path(cfg.out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        self.stream = TaskStream.for_split(cfg, "train")
+        tokens, _ = self._peek_shape()
+        self.model_config = build_model_config(cfg, len(self.stream.task.vocab), tokens)
+        self.model = PaTHLM(self.model_config).to(self.device)
+        self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay),
+                                           lr=cfg.lr, betas=(0.9, 0.95))
+        self.step = 0
+        if resume:
+            self._resume()
+        else:
+            self._truncate_logs(0)
+        atomic_write_bytes(self.out_dir / "config.json",
+                           (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+
+    def _peek_shape(self) -> tuple[int, int]:
+        """(T, B) of the training batches, without consuming the stream."""
+        probe = TaskStream(self.stream.task, self.stream.stream)
+        tokens, _ = next(probe)
+        return tokens.shape[1], tokens.shape[0]
+
+    # ------------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the weights (loads with weights_only=True)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "data": self.stream.state_dict(),
+                "config": self.cfg.to_dict()}
+
+    def save(self) -> None:
+        save_checkpoint(self.out_dir, self.step, self.model, self.state_dict())
+
+    def _resume(self) -> None:
+        state = load_checkpoint(self.out_dir, self.model)
+        saved = TrainConfig.from_dict(state["config"]).run_identity()
+        mine = self.cfg.run_identity()
+        diff = sorted(k for k in mine if mine[k] != saved[k])
+        if diff:
+            raise ValueError(f"resume: config differs from the checkpoint's in {diff} "
+                             f"(checkpoint: {[saved[k] for k in diff]}, given: "
+                             f"{[mine[k] for k in diff]})")
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.stream.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        if self.stream.batches != self.step:
+            raise ValueError(f"resume: checkpoint data stream drew {self.stream.batches} "
+                             f"batches at step {self.step}")
+        self._truncate_logs(self.step)
+
+    def _truncate_logs(self, step: int) -> None:
+        """Keep only records with "step" <= step in log.jsonl and eval.jsonl."""
+        for name in ("log.jsonl", "eval.jsonl"):
+            path = self.out_dir / name
+            if not path.exists():
+                continue
+            keep = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= step]
+            atomic_write_bytes(path, "".join(line + "\n" for line in keep).encode())
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        with open(self.out_dir / name, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # ---------------------------------------------------------------------- training
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step on the next training batch; returns {"loss", "lr",
+        "grad_norm"}."""
+        cfg = self.cfg
+        tokens, targets = next(self.stream)  # [B, T] each
+        tokens, targets = tokens.to(self.device), targets.to(self.device)
+        lr = lr_at(self.step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with autocast_context(cfg.dtype, self.device):
+            _, loss = self.model(tokens, labels=targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack(
+                [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
+        self.optimizer.step()
+        self.step += 1
+        return {"loss": float(loss.detach()), "lr": lr, "grad_norm": grad_norm}
+
+    def evaluate(self) -> dict[str, dict[str, float]]:
+        """Metrics on every validation split (`pathattn.train.evaluate`)."""
+        return evaluate(self.model, self.cfg, self.device)
+
+    def train(self, until: int | None = None) -> dict[str, Any]:
+        """Train from the current step up to `until` (default cfg.steps) steps. Logs every
+        log_every steps, evaluates every eval_every, checkpoints every checkpoint_every.
+        When cfg.steps is reached: final checkpoint, evaluation and metrics.json, which is
+        returned as a dict; stopping earlier (`until` < cfg.steps, e.g. to simulate an
+        interrupted run) returns {"step": step} and writes no final checkpoint."""
+        cfg = self.cfg
+        until = cfg.steps if until is None else min(int(until), cfg.steps)
+        self.model.train()
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.task}/{cfg.attn}",
+                   disable=not (cfg.progress and sys.stderr.isatty()), dynamic_ncols=True)
+        start = time.perf_counter()
+        try:
+            while self.step < until:
+                stats = self.train_step()
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    self._append("log.jsonl", {"step": self.step, **stats,
+                                               "elapsed_s": time.perf_counter() - start})
+                    bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
+                if self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                    self._append("eval.jsonl", {"step": self.step, **self.evaluate()})
+                if self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
+                    self.save()
+        finally:
+            bar.close()
+        if self.step < cfg.steps:
+            return {"step": self.step}
+        self.save()
+        metrics = {"step": self.step, **flatten_metrics(self.evaluate())}
+        self._append("eval.jsonl", metrics)
+        atomic_write_bytes(self.out_dir / "metrics.json",
+                           (json.dumps(metrics, indent=2) + "\n").encode())
+        return metrics
