@@ -9,7 +9,11 @@ scored).
 --batch-size B --out DIR` trains a model (`pathattn.train`); options left out take the
 `TrainConfig` defaults (PROVISIONAL for flip-flop on a CPU: 2000 steps of batch 16, not
 tuned to reach the paper's error rates). `--resume` continues DIR's checkpoint with the
-config stored there (options given must agree with it)."""
+config stored there (options given must agree with it).
+
+`pathattn compare --task flipflop --attns path rope ... --out DIR` trains one model per
+attention type with the same options and writes DIR/results.md (markdown table),
+DIR/results.json and DIR/error_vs_step.png."""
 
 from __future__ import annotations
 
@@ -158,11 +162,42 @@ def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="train several attention types on one task",
+                       description="Train one model per attention type with the same "
+                       "options; write DIR/results.md, results.json and error_vs_step.png.")
+    for flag, dest, typ, help_ in TRAIN_OPTIONS:
+        if dest != "attn":
+            p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    p.add_argument("--attns", nargs="+", default=["path", "rope"],
+                   help="attention types to compare (default: path rope)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.set_defaults(run=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .train import TrainConfig, compare, markdown_table
+
+    given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
+             if dest != "attn" and getattr(args, dest) is not None}
+    try:
+        base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
+                           progress=not args.no_progress)
+        final = compare(base, args.attns, args.out)
+    except ValueError as e:
+        parser.error(str(e))
+    print(markdown_table(final, base.task), end="")
+    print(f"wrote {args.out}/results.md, results.json and error_vs_step.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathattn", description="PaTH attention tools")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_data(sub)
     _add_train(sub)
+    _add_compare(sub)
     return parser
 
 

@@ -3,10 +3,11 @@
 safetensors checkpoints with exact resume, and the task metrics (`evaluate`)."""
 
 from .checkpoint import atomic_write_bytes, latest_step, load_checkpoint, save_checkpoint
+from .compare import compare, markdown_table
 from .config import TRAIN_PRESETS, TaskStream, TrainConfig, build_task, eval_splits
 from .evaluate import evaluate
 from .trainer import Trainer, lr_at, param_groups
 
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "TaskStream", "build_task", "eval_splits",
            "Trainer", "lr_at", "param_groups", "evaluate", "save_checkpoint",
-           "load_checkpoint", "latest_step", "atomic_write_bytes"]
+           "load_checkpoint", "latest_step", "atomic_write_bytes", "compare", "markdown_table"]

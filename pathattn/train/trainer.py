@@ -211,7 +211,8 @@ class Trainer:
                                                "elapsed_s": time.perf_counter() - start})
                     bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
                 if self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                    self._append("eval.jsonl", {"step": self.step, **self.evaluate()})
+                    self._append("eval.jsonl",
+                                 {"step": self.step, **flatten_metrics(self.evaluate())})
                 if self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
                     self.save()
         finally:

@@ -1,0 +1,94 @@
+"""Compare attention types on one task: the same `TrainConfig` trained once per attention
+type, then a markdown table of the final metrics and a PNG of the evaluation error against
+the training step.
+
+Layout of the output directory: one run directory per attention type (`DIR/<attn>/`, as
+`pathattn train` writes it), plus `DIR/results.md`, `DIR/results.json` and
+`DIR/error_vs_step.png`.
+
+Errors shown: for flip-flop the error rates at the `r` positions of each split ("val",
+"val_sparse", "val_dense"); for the other tasks 1 - sequence accuracy on "val".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .checkpoint import atomic_write_bytes
+from .config import TrainConfig
+from .trainer import Trainer
+
+__all__ = ["compare", "error_series", "markdown_table"]
+
+
+def error_series(metrics: dict) -> dict[str, float]:
+    """The errors of one flat metrics record (see the module docstring), name -> fraction."""
+    splits = [s for s in ("val", "val_sparse", "val_dense") if isinstance(metrics.get(s), float)]
+    if splits:
+        return {s: metrics[s] for s in splits}
+    if "val_seq_acc" in metrics:
+        return {"val (1 - seq acc)": 1.0 - metrics["val_seq_acc"]}
+    return {}
+
+
+def markdown_table(final: dict[str, dict], task: str) -> str:
+    """One row per attention type, errors in percent."""
+    names = list(dict.fromkeys(n for m in final.values() for n in error_series(m)))
+    head = f"| attention ({task}) | step | " + " | ".join(f"{n} error" for n in names) + " |"
+    rows = [head, "|" + " --- |" * (2 + len(names))]
+    for attn, metrics in final.items():
+        errors = error_series(metrics)
+        cells = [f"{100 * errors[n]:.4g} %" if n in errors else "-" for n in names]
+        rows.append(f"| {attn} | {metrics.get('step', '-')} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _history(run_dir: Path) -> list[dict]:
+    path = run_dir / "eval.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _plot(histories: dict[str, list[dict]], path: Path, task: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for attn, records in histories.items():
+        series: dict[str, list[tuple[int, float]]] = {}
+        for rec in records:
+            for name, err in error_series(rec).items():
+                series.setdefault(name, []).append((rec["step"], err))
+        for name, points in series.items():
+            steps, errs = zip(*points, strict=True)
+            ax.plot(steps, [100 * e for e in errs], marker="o", label=f"{attn}: {name}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("error (%)")
+    ax.set_title(f"{task}: evaluation error against step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path) -> dict[str, dict]:
+    """Train `base` once per attention type in `attns` (each in out_dir/<attn>) and write the
+    table, the JSON of final metrics and the plot. Returns {attn: final metrics}."""
+    if not attns or len(set(attns)) != len(attns):
+        raise ValueError(f"attns must be distinct attention types, got {list(attns)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfgs = {a: replace(base, attn=a, out_dir=str(out / a)).validate() for a in attns}
+    final = {a: Trainer(cfg).train() for a, cfg in cfgs.items()}
+    histories = {a: _history(out / a) for a in attns}
+    atomic_write_bytes(out / "results.md", markdown_table(final, base.task).encode())
+    atomic_write_bytes(out / "results.json", (json.dumps(final, indent=2) + "\n").encode())
+    _plot(histories, out / "error_vs_step.png", base.task)
+    return final
