@@ -70,6 +70,7 @@ def _plot(histories: dict[str, list[dict]], path: Path, task: str) -> None:
             ax.plot(steps, [100 * e for e in errs], marker="o", label=f"{attn}: {name}")
     ax.set_xlabel("training step")
     ax.set_ylabel("error (%)")
+    ax.set_yscale("symlog", linthresh=0.01)  # errors span 100 % down to 0
     ax.set_title(f"{task}: evaluation error against step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
