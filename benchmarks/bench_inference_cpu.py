@@ -26,11 +26,8 @@ Goals: decode <= 1.5x sdpa, prefill <= 1.2x path_attn. Results also go to
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -38,6 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _env import load_average, system_info  # benchmarks/ is on sys.path
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pathattn import path_attn, path_attn_prefill, path_attn_step
@@ -85,28 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- environment
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
-def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
-def system_info() -> dict:
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_model(),
-            "python": platform.python_version(),
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "loadavg_start": load_average()}
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -23,11 +23,9 @@ Outputs: a table on stdout, plus a JSON file with all raw times and a PNG plot i
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -35,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _env import load_average, system_info  # benchmarks/ is on sys.path
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pathattn import path_attn
@@ -92,33 +91,10 @@ def repeats_for(T: int, args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- environment
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
-def system_info() -> dict:
-    return {
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu": cpu_model(),
-        "python": platform.python_version(),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "loadavg_start": load_average(),
-    }
 
 
-def load_average() -> float | None:
-    """1-minute load average (other processes on the box skew the timings), if known."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def print_load(label: str, warn: bool) -> None:
