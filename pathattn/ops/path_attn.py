@@ -48,14 +48,10 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
     float dtype. Low precision inputs accumulate in float32. Returns o [B, T, HQ, Dv] in
     q's dtype, differentiable in q, k, v, w, beta and g.
     """
-    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
-    B, T, HQ, D = q.shape
-    block_size = check_block_size(block_size)
-    C = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    scale = D**-0.5 if scale is None else float(scale)
-    if B * T == 0:
+    scale, lay = _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size)
+    if lay is None:
+        B, T, HQ, _ = q.shape
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
-    lay = make_layout(B, T, C, cu_seqlens, q.device)
     return PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, lay)
 
 
@@ -68,13 +64,21 @@ def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None
     Returns o [B, T, HQ, Dv] in q's dtype and keys [B, T, H, D] in the compute dtype
     (float32, or float64 for float64 inputs).
     """
-    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
-    B, T, HQ, D = q.shape
-    block_size = check_block_size(block_size)
-    C = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    scale = D**-0.5 if scale is None else float(scale)
-    if B * T == 0:
+    scale, lay = _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size)
+    if lay is None:
+        B, T, HQ, D = q.shape
         return (q.new_zeros(B, T, HQ, v.shape[-1]),
                 k.new_zeros(B, T, k.shape[2], D, dtype=compute_dtype(q.dtype)))
-    lay = make_layout(B, T, C, cu_seqlens, q.device)
     return forward_with_keys(q, k, v, w, beta, g, scale, lay)
+
+
+def _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
+    """Validated inputs -> (scale as a float, block layout), the layout None when B * T == 0."""
+    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    B, T, _, D = q.shape
+    block_size = check_block_size(block_size)
+    scale = D**-0.5 if scale is None else float(scale)
+    if B * T == 0:
+        return scale, None
+    C = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    return scale, make_layout(B, T, C, cu_seqlens, q.device)
