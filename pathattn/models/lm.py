@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..nn import FoXAttention, PaTHAttention, RoPEAttention
+from ..nn.norm import RMSNorm
 from ..nn.path_attention import init_forget_gate_bias
 from .config import ModelConfig
 
@@ -37,19 +38,6 @@ __all__ = ["PaTHLM", "ModelCache", "RMSNorm", "SwiGLU", "Block", "IGNORE_INDEX"]
 IGNORE_INDEX = -100
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last dim (weight [hidden], init 1); computed in float32
-    for 16-bit x, returned in x's dtype."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(y.dtype)).to(x.dtype)
 
 
 class SwiGLU(nn.Module):

@@ -2,9 +2,10 @@
 training `forward`, a `prefill` and a `decode`."""
 
 from .baselines import FoXAttention, RoPEAttention, RoPECache
+from .norm import RMSNorm
 from .path_attention import LayerCache, PaTHAttention
 from .rope import RotaryEmbedding
 from .short_conv import ShortConv
 
 __all__ = ["PaTHAttention", "LayerCache", "RoPEAttention", "RoPECache", "FoXAttention",
-           "ShortConv", "RotaryEmbedding"]
+           "ShortConv", "RotaryEmbedding", "RMSNorm"]

@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
 from ..ops.inference import check_attention_mask as check_op_attention_mask
 from ..ops.validation import check_cu_seqlens
+from .norm import RMSNorm
 from .short_conv import ShortConv
 
-__all__ = ["PaTHAttention", "LayerCache", "HeadRMSNorm", "AttentionProjections"]
+__all__ = ["PaTHAttention", "LayerCache", "AttentionProjections"]
 
 
 def _positive_int(name: str, value) -> int:
@@ -82,19 +83,6 @@ def init_forget_gate_bias(bias: torch.Tensor, low: float = 1.0, high: float = 5.
         bias.uniform_(low, high)
 
 
-class HeadRMSNorm(nn.Module):
-    """RMSNorm over the head dim of x [B, T, H, D], one learnable weight [D] (init 1)."""
-
-    def __init__(self, head_dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(head_dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., D] -> x / rms(x) * weight, computed in float32 for 16-bit x."""
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(y.dtype)).to(x.dtype)
 
 
 class AttentionProjections(nn.Module):
@@ -125,8 +113,8 @@ class AttentionProjections(nn.Module):
         self.k_proj = nn.Linear(hidden_size, H * D, bias=bias)
         self.v_proj = nn.Linear(hidden_size, H * D, bias=bias)
         self.o_proj = nn.Linear(HQ * D, hidden_size, bias=bias)
-        self.q_norm = HeadRMSNorm(D, norm_eps) if qk_norm else None
-        self.k_norm = HeadRMSNorm(D, norm_eps) if qk_norm else None
+        self.q_norm = RMSNorm(D, norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(D, norm_eps) if qk_norm else None
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, hidden] -> q [B, T, HQ, D], k [B, T, H, D], v [B, T, H, D]."""
