@@ -190,7 +190,8 @@ def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | 
     Gr = R // C
     Vt = vb.transpose(-1, -2).contiguous()  # [NB, H, Dv, C]
     # --- diagonal blocks
-    P = _tile_probs(_diag_logits(s_diag, gates, C), lse)
+    # s_diag is not read again (autograd keeps no copy of it: its version check would raise)
+    P = _tile_probs(_diag_logits(s_diag, gates, C, inplace=True), lse)
     dv = P.transpose(-1, -2) @ do  # [NB, H, C, Dv]
     ds_diag = _tile_dS(P, delta, do, Vt)
     del P

@@ -148,15 +148,21 @@ def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
     keys: the transformed keys [B, T, H, D] when already computed (`path_attn_with_keys`)."""
     B, T = k.shape[:2]
     cd = _compute_dtype(k.dtype)
-    kh, vh, wh = (_head_major(x, cd) for x in (k, v, w))  # [B, H, T, *]
-    bh = _head_major(beta, cd)  # [B, H, T]
+    keep = None if mask is None else mask[:, None, :].to(cd)  # [B, 1, T]
+    vh = _head_major(v, cd)  # [B, H, T, Dv]
+    if keep is not None:
+        vh = vh * keep[..., None]
+    if keys is None:  # a key-only UT pass over the (padding-zeroed) prompt
+        kh, wh = (_head_major(x, cd) for x in (k, w))  # [B, H, T, D]
+        bh = _head_major(beta, cd)  # [B, H, T]
+        if keep is not None:
+            kh, wh, bh = kh * keep[..., None], wh * keep[..., None], bh * keep
+        kn = key_transforms(kh, wh, bh)[0]
+    else:  # already zero at padding
+        kn = _head_major(keys, cd)
     start = torch.zeros(B, dtype=torch.long, device=k.device)
     if mask is not None:
-        keep = mask[:, None, :].to(cd)  # [B, 1, T]
-        kh, vh, wh = (x * keep[..., None] for x in (kh, vh, wh))
-        bh = bh * keep
         start = T - mask.sum(1)
-    kn = key_transforms(kh, wh, bh)[0] if keys is None else _head_major(keys, cd)
     G = None
     if g is not None:
         g64 = g.to(torch.float64)
