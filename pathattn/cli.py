@@ -106,6 +106,8 @@ TRAIN_OPTIONS = [
     ("--dtype", "dtype", str, "float32 or bfloat16 autocast (default float32)"),
     ("--eval-every", "eval_every", int, "steps between evaluations (default 500)"),
     ("--eval-batches", "eval_batches", int, "batches per split per evaluation (default 4)"),
+    ("--final-eval-batches", "final_eval_batches", int,
+     "batches per split in the final evaluation, metrics.json (default 64)"),
     ("--log-every", "log_every", int, "steps between log.jsonl records (default 10)"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (500)"),
     ("--num-pairs", "num_pairs", int, "flipflop (instruction, bit) pairs (default 256)"),

@@ -41,9 +41,18 @@ def markdown_table(final: dict[str, dict], task: str) -> str:
     rows = [head, "|" + " --- |" * (2 + len(names))]
     for attn, metrics in final.items():
         errors = error_series(metrics)
-        cells = [f"{100 * errors[n]:.4g} %" if n in errors else "-" for n in names]
+        cells = [_cell(errors[n], metrics.get(f"{n}_scored")) if n in errors else "-"
+                 for n in names]
         rows.append(f"| {attn} | {metrics.get('step', '-')} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def _cell(error: float, scored) -> str:
+    """An error in percent, with (wrong / scored) when the count of scored positions is
+    known (flip-flop reads)."""
+    if isinstance(scored, int) and scored > 0:
+        return f"{100 * error:.4g} % ({round(error * scored)} / {scored})"
+    return f"{100 * error:.4g} %"
 
 
 def _history(run_dir: Path) -> list[dict]:

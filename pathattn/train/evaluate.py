@@ -8,7 +8,12 @@ Other tasks (split `val`):
     token_acc       fraction of scored positions (target != -100) predicted right (argmax)
     seq_acc         fraction of sequences with every scored position right
 
-Every evaluation draws the same `eval_batches` batches (fresh streams with fixed seeds).
+Both also report `scored` (number of scored positions) and `sequences`, so a reader can tell
+how well a rate is resolved.
+
+Every evaluation draws the same batches (fresh streams with fixed seeds): the first
+`cfg.eval_batches` of each split, or the first `batches` when given (the final evaluation
+uses `cfg.final_eval_batches`, a superset).
 """
 
 from __future__ import annotations
@@ -42,12 +47,16 @@ def _batch_counts(pred: torch.Tensor, tokens: torch.Tensor, targets: torch.Tenso
 
 
 @torch.no_grad()
-def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu"
-             ) -> dict[str, dict[str, float]]:
+def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu",
+             batches: int | None = None) -> dict[str, dict[str, float]]:
     """Metrics of `model` on every split of `eval_splits(cfg)` (module docstring), e.g.
     {"val": {"error_rate": ..., "seq_error_rate": ...}, "val_sparse": ..., "val_dense": ...}
     for flip-flop, {"val": {"token_acc": ..., "seq_acc": ...}} otherwise. Leaves the model
-    in the train / eval mode it was in."""
+    in the train / eval mode it was in. `batches`: batches per split (default
+    cfg.eval_batches)."""
+    batches = cfg.eval_batches if batches is None else int(batches)
+    if batches < 1:
+        raise ValueError(f"batches must be a positive int, got {batches!r}")
     device = torch.device(device)
     flipflop = cfg.task == "flipflop"
     was_training = model.training
@@ -57,7 +66,7 @@ def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu"
         for split in eval_splits(cfg):
             stream = TaskStream.for_split(cfg, split)
             wrong = scored = seq_wrong = seqs = 0
-            for _ in range(cfg.eval_batches):
+            for _ in range(batches):
                 tokens, targets = next(stream)  # [B, T] each
                 tokens, targets = tokens.to(device), targets.to(device)
                 with autocast_context(cfg.dtype, device):
@@ -71,6 +80,7 @@ def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu"
                 out[split] = {"error_rate": err, "seq_error_rate": seq_err}
             else:
                 out[split] = {"token_acc": 1.0 - err, "seq_acc": 1.0 - seq_err}
+            out[split].update(scored=scored, sequences=seqs)
     finally:
         model.train(was_training)
     return out

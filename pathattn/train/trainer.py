@@ -7,9 +7,11 @@ AdamW with the learning rate of `lr_at`. Outputs in `cfg.out_dir`:
     log.jsonl      one record per logged step: {"step", "loss", "lr", "grad_norm",
                    "elapsed_s"}; "loss" is that step's batch loss
     eval.jsonl     one record per evaluation: {"step", <split>: {metric: value}}
-    metrics.json   the final evaluation, flat (`flatten_metrics`): for flip-flop the error rates
-                   as fractions under "val", "val_sparse", "val_dense" and the fractions of
-                   sequences with an error under "<split>_seq_error_rate"
+    metrics.json   the final evaluation (cfg.final_eval_batches per split), flat
+                   (`flatten_metrics`): for flip-flop the error rates as fractions under
+                   "val", "val_sparse", "val_dense", the fractions of sequences with an
+                   error under "<split>_seq_error_rate", and the counts "<split>_scored"
+                   (reads) and "<split>_sequences"
     config.json    the TrainConfig
     checkpoints/   see `pathattn.train.checkpoint`
 
@@ -186,9 +188,10 @@ class Trainer:
         self.step += 1
         return {"loss": float(loss.detach()), "lr": lr, "grad_norm": grad_norm}
 
-    def evaluate(self) -> dict[str, dict[str, float]]:
-        """Metrics on every validation split (`pathattn.train.evaluate`)."""
-        return evaluate(self.model, self.cfg, self.device)
+    def evaluate(self, batches: int | None = None) -> dict[str, dict[str, float]]:
+        """Metrics on every validation split (`pathattn.train.evaluate`), on `batches`
+        batches per split (default cfg.eval_batches)."""
+        return evaluate(self.model, self.cfg, self.device, batches)
 
     def train(self, until: int | None = None) -> dict[str, Any]:
         """Train from the current step up to `until` (default cfg.steps) steps. Logs every
@@ -220,7 +223,8 @@ class Trainer:
         if self.step < cfg.steps:
             return {"step": self.step}
         self.save()
-        metrics = {"step": self.step, **flatten_metrics(self.evaluate())}
+        metrics = {"step": self.step,
+                   **flatten_metrics(self.evaluate(self.cfg.final_eval_batches))}
         self._append("eval.jsonl", metrics)
         atomic_write_bytes(self.out_dir / "metrics.json",
                            (json.dumps(metrics, indent=2) + "\n").encode())

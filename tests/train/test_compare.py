@@ -11,7 +11,7 @@ from pathattn.train import markdown_table
 
 TINY = ["--task", "flipflop", "--layers", "1", "--heads", "2", "--dim", "16", "--steps", "4",
         "--batch-size", "2", "--num-pairs", "8", "--eval-every", "2", "--eval-batches", "1",
-        "--checkpoint-every", "4", "--no-progress"]
+        "--final-eval-batches", "1", "--checkpoint-every", "4", "--no-progress"]
 
 
 def test_compare_writes_table_json_and_plot(tmp_path, capsys):
@@ -43,3 +43,10 @@ def test_markdown_table_percentages():
 def test_compare_rejects_bad_attns(tmp_path, attns):
     with pytest.raises(SystemExit):
         main(["compare", *TINY, "--attns", *attns, "--out", str(tmp_path / "x")])
+
+
+def test_markdown_table_shows_counts_when_known():
+    table = markdown_table({"path": {"step": 10, "val": 0.0, "val_scored": 2500,
+                                     "val_sparse": 0.25, "val_sparse_scored": 8,
+                                     "val_dense": 0.0}}, "flipflop")
+    assert "| path | 10 | 0 % (0 / 2500) | 25 % (2 / 8) | 0 % |" in table

@@ -18,7 +18,8 @@ FF_KEYS = ("val", "val_sparse", "val_dense")
 def tiny(tmp_path, **over) -> TrainConfig:
     """A flip-flop run of a 1-layer, 16-wide model on 16-token sequences."""
     kw = dict(task="flipflop", dim=16, heads=2, layers=1, steps=4, batch_size=2, num_pairs=8,
-              warmup_steps=2, eval_every=100, eval_batches=1, log_every=1,
+              warmup_steps=2, eval_every=100, eval_batches=1, final_eval_batches=1,
+              log_every=1,
               checkpoint_every=100, out_dir=str(tmp_path / "run"), progress=False)
     return TrainConfig(**{**kw, **over})
 
@@ -129,7 +130,8 @@ def test_word_problem_metrics_bfloat16(tmp_path):
     cfg = tiny(tmp_path, task="a5", num_pairs=None, length=4, steps=2, dtype="bfloat16",
                attn="rope")
     metrics = Trainer(cfg).train()
-    assert set(metrics) == {"step", "val_token_acc", "val_seq_acc"}
+    assert set(metrics) == {"step", "val_token_acc", "val_seq_acc", "val_scored",
+                            "val_sequences"}
     assert 0.0 <= metrics["val_seq_acc"] <= metrics["val_token_acc"] <= 1.0
 
 
@@ -167,10 +169,13 @@ def test_cli_train_and_resume(tmp_path, capsys):
     out = tmp_path / "cli"
     args = ["train", "--task", "flipflop", "--attn", "path", "--layers", "1", "--heads", "2",
             "--dim", "16", "--steps", "2", "--batch-size", "2", "--num-pairs", "6",
-            "--eval-batches", "1", "--log-every", "1", "--out", str(out), "--no-progress"]
+            "--eval-batches", "1", "--final-eval-batches", "2", "--log-every", "1",
+            "--out", str(out), "--no-progress"]
     assert main(args) == 0
     assert [r["step"] for r in read_jsonl(out / "log.jsonl")] == [1, 2]
-    assert set(FF_KEYS) <= set(json.loads((out / "metrics.json").read_text()))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(FF_KEYS) <= set(metrics)
+    assert metrics["val_sequences"] == 4  # --final-eval-batches 2 of --batch-size 2
     assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
     capsys.readouterr()
     with pytest.raises(SystemExit):
