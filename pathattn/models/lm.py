@@ -33,11 +33,10 @@ from ..nn.norm import RMSNorm
 from ..nn.path_attention import init_forget_gate_bias
 from .config import ModelConfig
 
-__all__ = ["PaTHLM", "ModelCache", "RMSNorm", "SwiGLU", "Block", "IGNORE_INDEX"]
+__all__ = ["PaTHLM", "DecoderTrunk", "ModelCache", "RMSNorm", "SwiGLU", "Block", "IGNORE_INDEX",
+           "check_ids"]
 
 IGNORE_INDEX = -100
-
-
 
 
 class SwiGLU(nn.Module):
@@ -127,7 +126,7 @@ class ModelCache:
             cache.truncate(new_len)
 
 
-def _check_ids(name: str, ids, vocab_size: int) -> None:
+def check_ids(name: str, ids, vocab_size: int) -> None:
     """ids must be an integer tensor [B, T] (T >= 1) with values in [0, vocab_size)."""
     if not isinstance(ids, torch.Tensor):
         raise ValueError(f"{name} must be an integer tensor [B, T], got {type(ids).__name__}")
@@ -156,7 +155,46 @@ def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> None:
                          f"{IGNORE_INDEX} (not scored)")
 
 
-class PaTHLM(nn.Module):
+class DecoderTrunk:
+    """The block stack of a decoder, shared by `PaTHLM` and the Hugging Face adapter
+    (`pathattn.hf`). The host module has `embed_tokens` (nn.Embedding), `layers`
+    (ModuleList of `Block`), `norm` (RMSNorm) and `gradient_checkpointing` (bool). Each
+    method returns the final-normed hidden states [B, T, hidden]."""
+
+    def _hidden(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """Training path: input_ids [B, T] (checked by the caller) -> [B, T, hidden]."""
+        x = self.embed_tokens(input_ids)  # [B, T, hidden]
+        for block in self.layers:
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, cu_seqlens, use_reentrant=False)
+            else:
+                x = block(x, cu_seqlens)
+        return self.norm(x)
+
+    def _prefill_hidden(self, input_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, ModelCache]:
+        """Prompts [B, T] with optional left-padding mask [B, T] -> ([B, T, hidden], cache)."""
+        x = self.embed_tokens(input_ids)  # [B, T, hidden]
+        caches = []
+        for block in self.layers:
+            x, cache = block.prefill(x, attention_mask)
+            caches.append(cache)
+        return self.norm(x), ModelCache(caches)
+
+    def _decode_hidden(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        """m new tokens [B, m] after `cache` (updated in place) -> [B, m, hidden]."""
+        if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.layers):
+            raise ValueError(f"cache must be the ModelCache of this model's prefill "
+                             f"({len(self.layers)} layers), got {type(cache).__name__}")
+        x = self.embed_tokens(input_ids)  # [B, m, hidden]
+        for block, layer_cache in zip(self.layers, cache.layers, strict=True):
+            x = block.decode(x, layer_cache)
+        return self.norm(x)
+
+
+class PaTHLM(DecoderTrunk, nn.Module):
     """Decoder-only LM of `config` (module docstring). Parameters: `embed_tokens`,
     `layers` (Blocks), `norm`, `lm_head` (tied to `embed_tokens` when
     `config.tie_word_embeddings`).
@@ -200,8 +238,6 @@ class PaTHLM(nn.Module):
         """Number of distinct parameters (a tied head counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(x))  # [B, T, V]
 
     # ------------------------------------------------------------------------ training
 
@@ -220,16 +256,10 @@ class PaTHLM(nn.Module):
         Returns (logits [B, T, V] float in the parameters' dtype, loss): loss is the mean
         cross-entropy (float32 math) over the scored positions, or None without labels.
         """
-        _check_ids("input_ids", input_ids, self.config.vocab_size)
+        check_ids("input_ids", input_ids, self.config.vocab_size)
         if labels is not None:
             _check_labels(labels, input_ids, self.config.vocab_size)
-        x = self.embed_tokens(input_ids)  # [B, T, hidden]
-        for block in self.layers:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, cu_seqlens, use_reentrant=False)
-            else:
-                x = block(x, cu_seqlens)
-        logits = self._logits(x)
+        logits = self.lm_head(self._hidden(input_ids, cu_seqlens))  # [B, T, V]
         loss = None
         if labels is not None:
             V = logits.shape[-1]
@@ -245,26 +275,16 @@ class PaTHLM(nn.Module):
         padding ids must still lie in [0, V)). Returns (logits [B, T, V], ModelCache): each
         row's logits at its real positions equal `forward` on that prompt alone; logits at
         padding positions are meaningless."""
-        _check_ids("input_ids", input_ids, self.config.vocab_size)
-        x = self.embed_tokens(input_ids)  # [B, T, hidden]
-        caches = []
-        for block in self.layers:
-            x, cache = block.prefill(x, attention_mask)
-            caches.append(cache)
-        return self._logits(x), ModelCache(caches)
+        check_ids("input_ids", input_ids, self.config.vocab_size)
+        hidden, cache = self._prefill_hidden(input_ids, attention_mask)
+        return self.lm_head(hidden), cache  # [B, T, V]
 
     @torch.no_grad()
     def decode(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
         """m >= 1 new tokens input_ids [B, m] after `cache` (updated in place). Returns
         logits [B, m, V]: the last m rows of `forward` on the whole sequence. No gradients."""
-        _check_ids("input_ids", input_ids, self.config.vocab_size)
-        if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.layers):
-            raise ValueError(f"cache must be the ModelCache of this model's prefill "
-                             f"({len(self.layers)} layers), got {type(cache).__name__}")
-        x = self.embed_tokens(input_ids)  # [B, m, hidden]
-        for block, layer_cache in zip(self.layers, cache.layers, strict=True):
-            x = block.decode(x, layer_cache)
-        return self._logits(x)
+        check_ids("input_ids", input_ids, self.config.vocab_size)
+        return self.lm_head(self._decode_hidden(input_ids, cache))  # [B, m, V]
 
     @torch.no_grad()
     def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int,
