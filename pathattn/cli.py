@@ -13,7 +13,10 @@ config stored there (options given must agree with it).
 
 `pathattn compare --task flipflop --attns path rope ... --out DIR` trains one model per
 attention type with the same options and writes DIR/results.md (markdown table),
-DIR/results.json and DIR/error_vs_step.png."""
+DIR/results.json and DIR/error_vs_step.png.
+
+`pathattn layers --task a5 --length K --attns path rope --out DIR` finds, per attention
+type, the fewest layers whose final score reaches 0.9 (`pathattn.train.sweep`)."""
 
 from __future__ import annotations
 
@@ -194,12 +197,48 @@ def _run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     return 0
 
 
+def _add_layers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("layers", help="fewest layers that solve a task, per attention type",
+                       description="For each attention type train depths 1, 2, ... (--depths) "
+                       "with the same options and stop at the first whose score reaches "
+                       "--threshold (word problems: val sequence accuracy). Writes "
+                       "DIR/layers.md and layers.json; finished runs in DIR are reused.")
+    for flag, dest, typ, help_ in TRAIN_OPTIONS:
+        if dest not in ("attn", "layers"):
+            p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    p.add_argument("--attns", nargs="+", default=["path", "rope"],
+                   help="attention types (default: path rope)")
+    p.add_argument("--depths", nargs="+", type=int, default=[1, 2, 3, 4],
+                   help="depths to try, in increasing order (default 1 2 3 4)")
+    p.add_argument("--threshold", type=float, default=0.9, help="solved score (0.9)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.set_defaults(run=_run_layers)
+
+
+def _run_layers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .train import TrainConfig, fewest_layers, layers_table
+
+    given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
+             if dest not in ("attn", "layers") and getattr(args, dest) is not None}
+    try:
+        base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
+                           progress=not args.no_progress)
+        results = fewest_layers(base, args.attns, args.depths, args.out, args.threshold)
+    except ValueError as e:
+        parser.error(str(e))
+    print(layers_table(results, base, args.threshold), end="")
+    print(f"wrote {args.out}/layers.md and layers.json")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathattn", description="PaTH attention tools")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_data(sub)
     _add_train(sub)
     _add_compare(sub)
+    _add_layers(sub)
     return parser
 
 

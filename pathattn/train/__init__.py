@@ -6,8 +6,10 @@ from .checkpoint import atomic_write_bytes, latest_step, load_checkpoint, save_c
 from .compare import compare, markdown_table
 from .config import TRAIN_PRESETS, TaskStream, TrainConfig, build_task, eval_splits
 from .evaluate import evaluate
+from .sweep import fewest_layers, layers_table, solve_score
 from .trainer import Trainer, lr_at, param_groups
 
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "TaskStream", "build_task", "eval_splits",
            "Trainer", "lr_at", "param_groups", "evaluate", "save_checkpoint",
-           "load_checkpoint", "latest_step", "atomic_write_bytes", "compare", "markdown_table"]
+           "load_checkpoint", "latest_step", "atomic_write_bytes", "compare", "markdown_table",
+           "fewest_layers", "layers_table", "solve_score"]

@@ -1,0 +1,93 @@
+"""Fewest layers that solve a task (the figure of merit of the paper's word-problem
+experiment, ../TASKS.md): for each attention type, train the same `TrainConfig` with 1, 2,
+... layers and stop at the first depth whose final score reaches the threshold.
+
+Score (`solve_score`): sequence accuracy on "val" for the word problems (a5, s5), token
+accuracy on "val" for mqrar, 1 - error on "val" for flip-flop. "Solved" = score >= threshold
+(0.9, following Merrill et al. 2024).
+
+Output directory: one run per (attention type, depth) in `DIR/<attn>-L<layers>/` (a finished
+run there with the same config is reused, so an interrupted sweep continues where it
+stopped), plus `DIR/layers.md` (table) and `DIR/layers.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .checkpoint import atomic_write_bytes
+from .config import TrainConfig
+from .trainer import Trainer
+
+__all__ = ["fewest_layers", "solve_score", "layers_table"]
+
+
+def solve_score(metrics: dict, task: str) -> float:
+    """The score that decides "solved" (module docstring) from a flat metrics record."""
+    if task in ("a5", "s5"):
+        return float(metrics["val_seq_acc"])
+    if task == "mqrar":
+        return float(metrics["val_token_acc"])
+    return 1.0 - float(metrics["val"])
+
+
+def _finished(cfg: TrainConfig) -> dict | None:
+    """The metrics of a finished run of exactly cfg in cfg.out_dir, else None."""
+    out = Path(cfg.out_dir)
+    try:
+        stored = TrainConfig.from_dict(json.loads((out / "config.json").read_text()))
+        metrics = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if stored.run_identity() != cfg.run_identity() or metrics.get("step") != cfg.steps:
+        return None
+    return metrics
+
+
+def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int],
+                  out_dir: str | Path, threshold: float = 0.9) -> dict[str, dict]:
+    """Sweep depths `layers` (increasing) per attention type; returns {attn: {"solved_at":
+    fewest solving depth or None, "runs": {layers: score}}} and writes the table."""
+    if not attns or len(set(attns)) != len(attns):
+        raise ValueError(f"attns must be distinct attention types, got {list(attns)}")
+    depths = sorted(set(int(n) for n in layers))
+    if not depths or depths[0] < 1:
+        raise ValueError(f"layers must be positive ints, got {list(layers)}")
+    if not 0 <= threshold <= 1:
+        raise ValueError(f"threshold must lie in [0, 1], got {threshold!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    for attn in attns:
+        runs: dict[int, float] = {}
+        solved = None
+        for n in depths:
+            cfg = replace(base, attn=attn, layers=n, out_dir=str(out / f"{attn}-L{n}"))
+            metrics = _finished(cfg.validate()) or Trainer(cfg).train()
+            runs[n] = solve_score(metrics, base.task)
+            if runs[n] >= threshold:
+                solved = n
+                break
+        results[attn] = {"solved_at": solved, "runs": runs}
+    atomic_write_bytes(out / "layers.json", (json.dumps(results, indent=2) + "\n").encode())
+    atomic_write_bytes(out / "layers.md", layers_table(results, base, threshold).encode())
+    return results
+
+
+def layers_table(results: dict[str, dict], base: TrainConfig, threshold: float) -> str:
+    """Markdown: one row per attention type, the score at each depth tried, the fewest
+    solving depth."""
+    depths = sorted({n for r in results.values() for n in r["runs"]})
+    what = {"a5": "seq acc", "s5": "seq acc", "mqrar": "token acc"}.get(base.task, "1 - error")
+    head = (f"| attention ({base.task}) | " + " | ".join(f"{n} layer{'s' * (n > 1)}"
+                                                         for n in depths)
+            + f" | fewest layers with {what} >= {100 * threshold:g} % |")
+    rows = [head, "|" + " --- |" * (len(depths) + 2)]
+    for attn, r in results.items():
+        cells = [f"{100 * r['runs'][n]:.1f} %" if n in r["runs"] else "-" for n in depths]
+        best = r["solved_at"] if r["solved_at"] is not None else f"> {max(r['runs'])}"
+        rows.append(f"| {attn} | " + " | ".join(cells) + f" | {best} |")
+    return "\n".join(rows) + "\n"
