@@ -6,6 +6,7 @@ import torch
 
 from .function import PaTHAttnFunction, compute_dtype, forward_with_keys
 from .layout import make_layout
+from .triton import path_attn_triton, select_backend
 from .validation import check_block_size, check_path_attn_inputs
 
 __all__ = ["path_attn", "path_attn_with_keys", "DEFAULT_BLOCK_SIZE"]
@@ -16,7 +17,7 @@ DEFAULT_BLOCK_SIZE = 128
 def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
               beta: torch.Tensor, g: torch.Tensor | None = None, *,
               scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
-              block_size: int | None = None) -> torch.Tensor:
+              block_size: int | None = None, backend: str = "auto") -> torch.Tensor:
     """Causal PaTH attention (PaTH-FoX when forget gates are given).
 
     For query position i and key position j <= i of the same sequence:
@@ -42,12 +43,20 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
             FlashAttention convention). No attention and no Householder product crosses a
             boundary.
         block_size: block length C of the blockwise algorithm (default 128; the UT
-            transform itself runs on sub-blocks of at most 64 tokens).
+            transform itself runs on sub-blocks of at most 64 tokens). With
+            backend="triton": a power of two in [16, 128] (default 64, 32 when D > 128).
+        backend: "auto" (Triton kernels for CUDA tensors when triton is installed, the
+            blockwise PyTorch path otherwise), "torch" or "triton" (on CPU tensors only
+            under TRITON_INTERPRET=1; float64 inputs need "torch"). See
+            `pathattn.ops.triton`.
 
     q, k, v, w share a dtype (float16, bfloat16, float32 or float64); beta and g may be any
     float dtype. Low precision inputs accumulate in float32. Returns o [B, T, HQ, Dv] in
     q's dtype, differentiable in q, k, v, w, beta and g.
     """
+    if select_backend(backend, q) == "triton":
+        return path_attn_triton(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
+                                block_size=block_size)
     scale, lay = _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size)
     if lay is None:
         B, T, HQ, _ = q.shape

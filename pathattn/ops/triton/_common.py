@@ -1,0 +1,91 @@
+"""Shared pieces of the Triton kernels: block table, tile loads, matrix products.
+
+Token-major layout: every kernel sees the batch flattened to N = B * T tokens, q [N, HQ, D],
+k, w [N, H, D], v [N, H, Dv], beta [N, H] (contiguous), and a dense batch is the packed batch
+with boundaries 0, T, 2T, ... . Blocks of BT tokens start at each sequence's first token, so
+only a sequence's last block can be partial and no block straddles two sequences.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["block_table", "interpreting", "tile_kwargs", "device_fn"]
+
+
+def interpreting() -> bool:
+    """True when Triton runs its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_fn(fn):
+    """`triton.jit` for the device functions the kernels call. Under the interpreter they stay
+    plain Python functions (the kernel's body already runs as Python with triton.language
+    patched): the interpreter re-patches triton.language on every call of a jitted device
+    function, which made the CPU tests several times slower."""
+    return fn if interpreting() else triton.jit(fn)
+
+
+def block_table(B: int, T: int, cu_seqlens: torch.Tensor | None, BT: int,
+                device: torch.device) -> tuple[torch.Tensor, int]:
+    """Blocks of BT tokens over the flattened batch.
+
+    Returns (table, n_max): table int32 [NB, 3] with each block's first token, its
+    sequence's first token and one past its sequence's last token; n_max the largest number
+    of blocks of one sequence. Blocks of a sequence are consecutive rows, left to right.
+    """
+    if cu_seqlens is None:
+        starts = torch.arange(B, dtype=torch.long) * T
+        ends = starts + T
+    else:
+        cs = cu_seqlens.detach().to("cpu", torch.long)
+        starts, ends = cs[:-1], cs[1:]
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+    n_blocks = (ends - starts + BT - 1) // BT  # [N_seq]
+    seq = torch.repeat_interleave(torch.arange(len(n_blocks)), n_blocks)  # [NB]
+    local = torch.arange(len(seq)) - (n_blocks.cumsum(0) - n_blocks)[seq]  # [NB]
+    table = torch.stack([starts[seq] + local * BT, starts[seq], ends[seq]], dim=1)  # [NB, 3]
+    n_max = int(n_blocks.max()) if len(n_blocks) else 0
+    return table.to(device=device, dtype=torch.int32), n_max
+
+
+def tile_kwargs(D: int, Dv: int) -> dict:
+    """Padded (power of two, at least 16) head dims of the kernels."""
+    return {"BD": max(16, triton.next_power_of_2(D)), "BDV": max(16, triton.next_power_of_2(Dv))}
+
+
+@device_fn
+def load_tile(ptr, rows, rmask, stride, col0, cols, cmask):
+    """x[rows, col0 + cols] as float32 (zero where masked); stride is the row stride."""
+    offs = rows.to(tl.int64)[:, None] * stride + col0 + cols[None, :]
+    return tl.load(ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+
+
+@device_fn
+def tile_ptrs(ptr, rows, stride, col0, cols):
+    """Pointers of x[rows, col0 + cols]."""
+    return ptr + rows.to(tl.int64)[:, None] * stride + col0 + cols[None, :]
+
+
+@device_fn
+def mm(a, b, PREC: tl.constexpr):
+    """float32 product a @ b (PREC "ieee", or "tf32" for low precision inputs)."""
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@device_fn
+def mm_lp(a, b, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """a @ b with operands rounded to DT (the input dtype: tensor cores for bf16 / fp16),
+    float32 accumulation. EMULATE (interpreter) rounds and multiplies in float32: the
+    interpreter's bf16 dot multiplies raw bits."""
+    if DT == tl.float32:
+        return tl.dot(a, b, input_precision=PREC)
+    elif EMULATE:
+        return tl.dot(a.to(DT).to(tl.float32), b.to(DT).to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a.to(DT), b.to(DT))

@@ -1,0 +1,203 @@
+"""Backward scan of PaTH attention as Triton kernels, in O(T) memory.
+
+Notation of `fwd.py` (row form): for query block a the state x^(c) = Q~_a Pt_{a-1} ... Pt_{c+1}
+meets key block c in S_ac = x^(c) K~_c^T. Reverse mode runs the state recursion backwards,
+i.e. left to right over c, with the adjoint g^(c) = dL/dx^(c):
+
+    g^(c) = g^(c-1) Pt_c^T + dS_ac K~_c,      dPt_c += x^(c)^T g^(c-1),      dQ~_a = g^(a-1)
+
+(dS = P * (dO V^T - delta) as in FlashAttention-2, P rebuilt from the saved log-sum-exp).
+The states are produced right to left, so the walk needs x^(c) for increasing c without
+storing every state of every query block. Blocks are grouped into segments of SEG blocks and
+`_seg_kernel` stores, per block c, the product of the later transitions of its segment,
+
+    E_c = Pt_e Pt_{e-1} ... Pt_{c+1}     (e the segment's last block; D x D per block),
+
+so that x^(c) = y^(s) E_c, y^(s) the state at the last block of c's segment s. The program
+of query block a recomputes y^(s) for each earlier segment from the state at the end of the
+segment before its own (one GEMM per segment boundary) and, inside its own segment,
+recomputes x^(c) from Q~_a. With SEG ~ sqrt(number of blocks) the extra work is about one
+more pass, and the extra memory is the E_c, O(T D^2 / BT).
+
+Gradients of key-side quantities (dV, dK~, the transition terms dU = -W x^T g and
+dW = -U g^T x of Pt = I - W^T U, the gate column sums) are accumulated with atomic adds
+into float32 buffers; dQ~ and the in-block dS go to per-query-head buffers that `ut.ut_bwd`
+turns into dq, dk, dw, dbeta.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import device_fn, load_tile, mm, mm_lp, tile_ptrs
+from .fwd import apply_transition, key_block_logits, query_block_start
+
+__all__ = ["segment_products", "bwd_scan"]
+
+
+@triton.jit
+def _seg_kernel(w_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
+                BD: tl.constexpr, PREC: tl.constexpr):
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    c = (t0 - s0) // BT
+    last = (s1 - s0 + BT - 1) // BT - 1
+    e = tl.minimum((c // SEG + 1) * SEG - 1, last)
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    cbt = tl.arange(0, BT)
+    E = tl.where(cols[:, None] == cols[None, :], 1.0, 0.0)  # [BD, BD]
+    for i in range(0, e - c):  # blocks e, e-1, ..., c+1
+        kr = s0 + (e - i) * BT + cbt
+        kmask = kr < s1
+        Wb = load_tile(w_ptr, kr, kmask, H * D, h * D, cols, cmask)
+        Ub = load_tile(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
+        E = E - mm(mm(E, tl.trans(Wb), PREC), Ub, PREC)
+    eoffs = (blk * H + h).to(tl.int64) * BD * BD + cols[:, None] * BD + cols[None, :]
+    tl.store(e_ptr + eoffs, E)
+
+
+def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str) -> torch.Tensor:
+    """E [NB, H, BD, BD] float32 (see the module docstring)."""
+    H, D = w.shape[1], w.shape[2]
+    e = torch.empty(table.shape[0], H, BD, BD, dtype=torch.float32, device=w.device)
+    _seg_kernel[(table.shape[0], H)](w, u, e, table, H, D, seg, BT=BT, BD=BD, PREC=prec)
+    return e
+
+
+@device_fn
+def _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr, w_ptr,
+                     u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dcol_ptr, HQ, H, D, DV,
+                     cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
+                     DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """One step of the left-to-right walk: query state x = x^(c) against key block c;
+    returns the adjoint g^(c) from g = g^(c-1)."""
+    tc = s0 + c * BT
+    kr = tc + tl.arange(0, BT)
+    S, Kt = key_block_logits(x, kt_ptr, g_ptr, kr, t0, tc, hq, h, gq, HQ, H, D, cols, cmask,
+                             HAS_G, DT, PREC, EMULATE)
+    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
+    Vb = load_tile(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
+    tl.atomic_add(tile_ptrs(dv_ptr, kr, H * DV, h * DV, vcols),
+                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :])
+    tl.atomic_add(tile_ptrs(dkt_ptr, kr, H * D, h * D, cols),
+                  mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :])
+    if HAS_G:
+        tl.atomic_add(dcol_ptr + kr.to(tl.int64) * HQ + hq, tl.sum(dS, axis=0))
+    if c > 0:  # Pt_c acted on x^(c) (g^(c-1) is zero for c == 0)
+        Wc = load_tile(w_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
+        Uc = load_tile(u_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
+        tl.atomic_add(tile_ptrs(du_ptr, kr, H * D, h * D, cols),
+                      -mm(mm(Wc, tl.trans(x), PREC), g, PREC), mask=cmask[None, :])
+        tl.atomic_add(tile_ptrs(dwp_ptr, kr, H * D, h * D, cols),
+                      -mm(mm(Uc, tl.trans(g), PREC), x, PREC), mask=cmask[None, :])
+        g = g - mm(mm(g, tl.trans(Uc), PREC), Wc, PREC)
+    return g + mm_lp(dS, Kt, DT, PREC, EMULATE)
+
+
+@triton.jit
+def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, do_ptr,
+                lse_ptr, delta_ptr, dqt_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
+                dcol_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
+                HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+                DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+    blk = tl.program_id(0)
+    hq = tl.program_id(1)
+    h = hq // G
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    cbt = tl.arange(0, BT)
+    rows = t0 + cbt
+    rmask = rows < s1
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    vcols = tl.arange(0, BDV)
+    vmask = vcols < DV
+    xa, S, gq = query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
+                                  hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC)
+    dO = load_tile(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
+    lse = tl.load(lse_ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=0.0)
+    delta = tl.load(delta_ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=0.0)
+    a = (t0 - s0) // BT  # local index of the query block
+    sa = a // SEG  # its segment
+    blk0 = blk - a  # table row of the sequence's first block
+    g = tl.zeros([BT, BD], dtype=tl.float32)
+    # state at the last block of segment sa - 1: x^(sa*SEG - 1)
+    ytop = xa
+    for i in range(0, a - sa * SEG):
+        ytop = apply_transition(ytop, w_ptr, u_ptr, s0 + (a - 1 - i) * BT + cbt, h, H, D,
+                                cols, cmask, PREC)
+    for sc in range(0, sa):  # earlier segments, left to right
+        y = ytop
+        for i in range(0, sa - 1 - sc):  # down to the last block of segment sc
+            f = (sa - 1 - i) * SEG  # first block of segment sa - 1 - i
+            y = mm(y, _load_e(e_ptr, blk0 + f, h, H, cols, BD), PREC)
+            y = apply_transition(y, w_ptr, u_ptr, s0 + f * BT + cbt, h, H, D, cols, cmask,
+                                 PREC)
+        for j in range(0, SEG):
+            c = sc * SEG + j
+            x = mm(y, _load_e(e_ptr, blk0 + c, h, H, cols, BD), PREC)
+            g = _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr,
+                                 v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
+                                 dcol_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G, BT,
+                                 DT, PREC, EMULATE)
+    for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
+        x = xa
+        for i in range(0, a - 1 - c):
+            x = apply_transition(x, w_ptr, u_ptr, s0 + (a - 1 - i) * BT + cbt, h, H, D, cols,
+                                 cmask, PREC)
+        g = _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr,
+                             w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dcol_ptr,
+                             HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G, BT, DT, PREC,
+                             EMULATE)
+    # the query block's own keys
+    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
+    V = load_tile(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
+    dS = P * (mm_lp(dO, tl.trans(V), DT, PREC, EMULATE) - delta[:, None])
+    tl.atomic_add(tile_ptrs(dv_ptr, rows, H * DV, h * DV, vcols),
+                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=rmask[:, None] & vmask[None, :])
+    if HAS_G:
+        tl.atomic_add(dcol_ptr + rows.to(tl.int64) * HQ + hq, tl.sum(dS, axis=0), mask=rmask)
+    tl.store(tile_ptrs(dqt_ptr, rows, HQ * D, hq * D, cols), g,
+             mask=rmask[:, None] & cmask[None, :])
+    tl.store(tile_ptrs(dsd_ptr, rows, HQ * BT, hq * BT, cbt), dS, mask=rmask[:, None])
+
+
+@device_fn
+def _load_e(e_ptr, blk, h, H, cols, BD: tl.constexpr):
+    """E of table row blk, head h: [BD, BD]."""
+    offs = (blk * H + h).to(tl.int64) * BD * BD + cols[:, None] * BD + cols[None, :]
+    return tl.load(e_ptr + offs)
+
+
+def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: int, BT: int,
+             BD: int, BDV: int, dt, prec: str, emulate: bool):
+    """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv], lse and
+    delta = rowsum(dO * O) [N, HQ] (float32).
+
+    Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
+    per query head), dv, dkt, du, dwp (float32, [N, H, Dv] / [N, H, D]) and the gate column
+    sums dcol [N, HQ] (None without gates).
+    """
+    N, HQ, D = q.shape
+    H, Dv = k.shape[1], v.shape[-1]
+    f32 = {"dtype": torch.float32, "device": q.device}
+    e = segment_products(w, u, table, seg, BT, BD, prec)
+    dqt = torch.empty(N, HQ, D, **f32)
+    dsd = torch.empty(N, HQ, BT, **f32)
+    dv = torch.zeros(N, H, Dv, **f32)
+    dkt, du, dwp = (torch.zeros(N, H, D, **f32) for _ in range(3))
+    dcol = torch.zeros(N, HQ, **f32) if G is not None else None
+    _bwd_kernel[(table.shape[0], HQ)](
+        q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, dsd, dv,
+        dkt, du, dwp, dcol if dcol is not None else lse, table, scale, seg, HQ, H, D, Dv,
+        G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec,
+        EMULATE=emulate)
+    return dqt, dsd, dv, dkt, du, dwp, dcol

@@ -1,0 +1,186 @@
+"""The Triton path of PaTH attention as torch.library custom ops with autograd.
+
+    pathattn::path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
+        -> (o [B, T, HQ, Dv], lse [B, T, HQ] float32)
+    pathattn::path_attn_bwd(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size,
+                            seg) -> (dq, dk, dv, dw, dbeta, dg)
+
+Both have fake (meta) implementations, and the forward op has a registered autograd
+formula, so torch.compile traces through `path_attn_triton` without a graph break. The
+forward saves only the inputs, o and lse; the backward recomputes the UT quantities
+(FlashAttention-style recomputation, O(T) memory).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton.language as tl
+
+from ..validation import check_path_attn_inputs
+from ._common import block_table, interpreting, tile_kwargs
+from .bwd import bwd_scan
+from .fwd import fwd_scan
+from .ut import ut_bwd, ut_fwd
+
+__all__ = ["path_attn_triton", "default_block_size"]
+
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def default_block_size(D: int) -> int:
+    """Block length BT of the kernels: 64, or 32 for head dims above 128 (registers)."""
+    return 64 if D <= 128 else 32
+
+
+def _check_block_size(block_size) -> None:
+    if (isinstance(block_size, bool) or not isinstance(block_size, int)
+            or block_size < 16 or block_size > 128 or block_size & (block_size - 1)):
+        raise ValueError("block_size must be None or a power of two in [16, 128] for "
+                         f"backend='triton', got {block_size!r}")
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, *F] -> contiguous [B * T, *F]."""
+    return x.reshape((-1,) + tuple(x.shape[2:])).contiguous()
+
+
+def _seq_bounds(B: int, T: int, cu_seqlens, device):
+    """Per token: first token of its sequence and one past its last ([B * T] long each)."""
+    if cu_seqlens is None:
+        starts = torch.arange(B, device=device).repeat_interleave(T) * T
+        return starts, starts + T
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    lengths = cu[1:] - cu[:-1]
+    return (cu[:-1].repeat_interleave(lengths, output_size=B * T),
+            cu[1:].repeat_interleave(lengths, output_size=B * T))
+
+
+def _cumulative_gates(g, B, T, cu_seqlens):
+    """G [B * T, HQ] float64: per-sequence cumulative sum of the log forget gates."""
+    g64 = _flat(g).to(torch.float64)  # [N, HQ]
+    cs = torch.cat([g64.new_zeros(1, g64.shape[1]), g64.cumsum(0)])  # [N + 1, HQ]
+    start, _ = _seq_bounds(B, T, cu_seqlens, g.device)
+    return (cs[1:] - cs.index_select(0, start)).contiguous()
+
+
+def _gate_grad(dcol, B, T, cu_seqlens):
+    """dL/dg [B * T, HQ] from the column sums of dS: dL/dG_j = -colsum_j, and
+    dL/dg_t = sum of dL/dG_s over s >= t in t's sequence."""
+    dG = -dcol.to(torch.float64)
+    suffix = torch.cat([dG.flip(0).cumsum(0).flip(0), dG.new_zeros(1, dG.shape[1])])
+    _, end = _seq_bounds(B, T, cu_seqlens, dcol.device)
+    return suffix[:-1] - suffix.index_select(0, end)
+
+
+def _setup(q, block_size: int, seg: int, B, T, cu_seqlens):
+    """Block table, segment length (about sqrt of the blocks per sequence unless given),
+    float32 product precision, low-precision operand dtype, interpreter flag."""
+    table, n_max = block_table(B, T, cu_seqlens, block_size, q.device)
+    seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    return table, seg, prec, _TL_DTYPE[q.dtype], interpreting()
+
+
+@torch.library.custom_op("pathattn::path_attn_fwd", mutates_args=())
+def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                  beta: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                  cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
+                  block_size: int, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T, HQ, D = q.shape
+    Dv = v.shape[-1]
+    table, seg, prec, dt, emulate = _setup(q, block_size, seg, B, T, cu_seqlens)
+    tiles = tile_kwargs(D, Dv)
+    qf, kf, vf, wf, bf = (_flat(x) for x in (q, k, v, w, beta))
+    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, tiles["BD"], prec)
+    G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
+    o, lse = fwd_scan(qf, kf, vf, wf, u, kt, m, G, table, scale, block_size, tiles["BD"],
+                      tiles["BDV"], dt, prec, emulate)
+    return o.view(B, T, HQ, Dv), lse.view(B, T, HQ)
+
+
+@path_attn_fwd.register_fake
+def _(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg):
+    B, T, HQ, _ = q.shape
+    return (q.new_empty(B, T, HQ, v.shape[-1]),
+            q.new_empty(B, T, HQ, dtype=torch.float32))
+
+
+@torch.library.custom_op("pathattn::path_attn_bwd", mutates_args=())
+def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  w: torch.Tensor, beta: torch.Tensor,
+                  g: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],  # noqa: UP045
+                  o: torch.Tensor, lse: torch.Tensor, scale: float, block_size: int,
+                  seg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     torch.Tensor, torch.Tensor]:
+    """Gradients of (q, k, v, w, beta, g); dg is an empty tensor when g is None."""
+    B, T, HQ, D = q.shape
+    H, Dv = k.shape[2], v.shape[-1]
+    table, seg, prec, dt, emulate = _setup(q, block_size, seg, B, T, cu_seqlens)
+    tiles = tile_kwargs(D, Dv)
+    BD, BDV = tiles["BD"], tiles["BDV"]
+    qf, kf, vf, wf, bf = (_flat(x) for x in (q, k, v, w, beta))
+    dof = _flat(do)
+    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, BD, prec)
+    G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
+    lsef = _flat(lse)
+    delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
+    dqt, dsd, dv, dkt, du, dwp, dcol = bwd_scan(qf, kf, vf, wf, u, kt, m, G, dof, lsef, delta,
+                                                table, scale, seg, block_size, BD, BDV, dt,
+                                                prec, emulate)
+    dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, dqt, dsd, dkt, du, dwp, table, scale,
+                               block_size, BD, prec)
+    dg = (q.new_empty(0) if g is None
+          else _gate_grad(dcol, B, T, cu_seqlens).to(g.dtype).view(g.shape))
+    return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv),
+            dw.view(w.shape), dbeta.view(beta.shape), dg)
+
+
+@path_attn_bwd.register_fake
+def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size, seg):
+    dg = q.new_empty(0) if g is None else torch.empty_like(g)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
+            torch.empty_like(beta), dg)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, o, lse)
+    ctx.scale, ctx.block_size, ctx.seg = scale, block_size, seg
+    ctx.has_g = g is not None
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, w, beta, g, cu_seqlens, o, lse = ctx.saved_tensors
+    dq, dk, dv, dw, dbeta, dg = path_attn_bwd(do.contiguous(), q, k, v, w, beta, g, cu_seqlens,
+                                              o, lse, ctx.scale, ctx.block_size, ctx.seg)
+    return dq, dk, dv, dw, dbeta, (dg if ctx.has_g else None), None, None, None, None
+
+
+path_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def path_attn_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
+                     block_size=None, seg: int = 0) -> torch.Tensor:
+    """`pathattn.path_attn` on the Triton kernels (same arguments and result).
+
+    block_size: None (64, or 32 when D > 128) or a power of two in [16, 128].
+    seg: blocks per segment of the backward's state recomputation (0: about sqrt of the
+    number of blocks); a tuning and testing knob, the result does not depend on it.
+    Inputs must be float32, bfloat16 or float16 (float64 stays on the PyTorch path).
+    """
+    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    if q.dtype == torch.float64:
+        raise ValueError("backend='triton' computes in float32: float64 inputs need "
+                         "backend='torch'")
+    B, T, HQ, D = q.shape
+    block_size = default_block_size(D) if block_size is None else block_size
+    _check_block_size(block_size)
+    scale = D**-0.5 if scale is None else float(scale)
+    if B * T == 0:
+        return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
+    o, _ = path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
+    return o

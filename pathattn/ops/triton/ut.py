@@ -1,0 +1,178 @@
+"""Per-block UT transform (paper section 3.3) and its backward, as Triton kernels.
+
+For a block of BT tokens with W [BT, D] (rows w_t), K [BT, D] and beta [BT]:
+
+    X = (I + strictLower(diag(beta) W W^T))^{-1},   A = X diag(beta)       (the paper's T^{-1})
+    U = A W                 block transition Pt = P^T = I - W^T U
+    M = A strictLower(W K^T)
+    K~ = K - M^T W          keys moved to the block's end: k~_j = H_last ... H_{j+1} k_j
+
+and for (scaled) queries Q of the block, with QW = tril(Q W^T),
+
+    Q~ = Q - QW U           q~_i = H_first ... H_i q_i
+    S  = Q K^T - QW M       in-block logits (for j <= i)
+
+`ut_fwd` stores U, K~ and M; the forward and backward scans rebuild Q~ and S from them.
+`ut_bwd` takes the gradients of Q~, S (per query head), K~ and of the transitions (as dU
+and a direct dW term) and returns dq, dk, dw, dbeta by the chain rule through the formulas
+above (dX = -X^T dX X^T for the inverse).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import device_fn, load_tile, mm, tile_ptrs
+
+__all__ = ["ut_fwd", "ut_bwd"]
+
+
+@device_fn
+def _unit_lower_inverse(L, BT: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^{-1} for strictly lower L [BT, BT], by forward substitution over rows:
+    X_i = e_i - sum_{j < i} L_ij X_j (rows j < i are final when row i is formed; the
+    product of row i of L with X is a masked GEMM, the only nonzero row being row i)."""
+    r = tl.arange(0, BT)
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in range(1, BT):
+        X -= tl.dot(tl.where(r[:, None] == i, L, 0.0), X, input_precision=PREC)
+    return X
+
+
+@device_fn
+def _block_ut(W, K, b, BT: tl.constexpr, PREC: tl.constexpr):
+    """X, A, N = strictLower(W K^T) and E = W W^T of one block (all [BT, BT])."""
+    r = tl.arange(0, BT)
+    strict = r[:, None] > r[None, :]
+    E = mm(W, tl.trans(W), PREC)
+    L = tl.where(strict, b[:, None] * E, 0.0)
+    X = _unit_lower_inverse(L, BT, PREC)
+    A = X * b[None, :]
+    N = tl.where(strict, mm(W, tl.trans(K), PREC), 0.0)
+    return X, A, N, E
+
+
+@device_fn
+def _block_rows(table_ptr, BT: tl.constexpr):
+    """Token rows of this program's block, their mask, and the block's first token."""
+    blk = tl.program_id(0)
+    t0 = tl.load(table_ptr + blk * 3)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    rows = t0 + tl.arange(0, BT)
+    return rows, rows < s1, t0
+
+
+@triton.jit
+def _ut_fwd_kernel(k_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, table_ptr, H, D,
+                   BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    h = tl.program_id(1)
+    rows, rmask, _ = _block_rows(table_ptr, BT)
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    cbt = tl.arange(0, BT)
+    W = load_tile(w_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    b = tl.load(beta_ptr + rows.to(tl.int64) * H + h, mask=rmask, other=0.0).to(tl.float32)
+    X, A, N, E = _block_ut(W, K, b, BT, PREC)
+    U = mm(A, W, PREC)
+    M = mm(A, N, PREC)
+    Kt = K - mm(tl.trans(M), W, PREC)
+    smask = rmask[:, None] & cmask[None, :]
+    tl.store(tile_ptrs(u_ptr, rows, H * D, h * D, cols), U, mask=smask)
+    tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt, mask=smask)
+    tl.store(tile_ptrs(m_ptr, rows, H * BT, h * BT, cbt), M, mask=rmask[:, None])
+
+
+def ut_fwd(k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, table: torch.Tensor, BT: int,
+           BD: int, prec: str):
+    """k, w [N, H, D], beta [N, H] -> U, K~ [N, H, D] and M [N, H, BT] (float32)."""
+    N, H, D = k.shape
+    u = torch.empty(N, H, D, dtype=torch.float32, device=k.device)
+    kt = torch.empty_like(u)
+    m = torch.empty(N, H, BT, dtype=torch.float32, device=k.device)
+    _ut_fwd_kernel[(table.shape[0], H)](k, w, beta, u, kt, m, table, H, D, BT=BT, BD=BD,
+                                        PREC=prec)
+    return u, kt, m
+
+
+@triton.jit
+def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_ptr, dwp_ptr,
+                   dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, table_ptr, scale, HQ, H, D,
+                   G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+    h = tl.program_id(1)
+    rows, rmask, _ = _block_rows(table_ptr, BT)
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    cbt = tl.arange(0, BT)
+    incl = cbt[:, None] >= cbt[None, :]
+    strict = cbt[:, None] > cbt[None, :]
+    W = load_tile(w_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    b = tl.load(beta_ptr + rows.to(tl.int64) * H + h, mask=rmask, other=0.0).to(tl.float32)
+    X, A, N, E = _block_ut(W, K, b, BT, PREC)
+    U = mm(A, W, PREC)
+    M = mm(A, N, PREC)
+    # gradients reaching U, M, K, W from K~ and the transitions (scan side)
+    dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dU = load_tile(du_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dW = load_tile(dwp_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dK = dKt
+    dM = -mm(W, tl.trans(dKt), PREC)  # K~ = K - M^T W
+    dW -= mm(M, dKt, PREC)
+    # query side, one query head of the group at a time
+    for gi in range(G):
+        hq = h * G + gi
+        Q = load_tile(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask) * scale
+        dQt = load_tile(dqt_ptr, rows, rmask, HQ * D, hq * D, cols, cmask)
+        dS = load_tile(dsd_ptr, rows, rmask, HQ * BT, hq * BT, cbt, cbt < BT)
+        QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)
+        dQ = dQt + mm(dS, K, PREC)  # Q~ = Q - QW U;  S = Q K^T - QW M
+        dK += mm(tl.trans(dS), Q, PREC)
+        dU -= mm(tl.trans(QW), dQt, PREC)
+        dM -= mm(tl.trans(QW), dS, PREC)
+        dQW = -mm(dQt, tl.trans(U), PREC) - mm(dS, tl.trans(M), PREC)
+        dQW = tl.where(incl, dQW, 0.0)
+        dQ += mm(dQW, W, PREC)
+        dW += mm(tl.trans(dQW), Q, PREC)
+        tl.store(tile_ptrs(dq_ptr, rows, HQ * D, hq * D, cols), dQ * scale,
+                 mask=rmask[:, None] & cmask[None, :])
+    # U = A W, M = A N with N = strictLower(W K^T)
+    dA = mm(dU, tl.trans(W), PREC) + mm(dM, tl.trans(N), PREC)
+    dW += mm(tl.trans(A), dU, PREC)
+    dN = tl.where(strict, mm(tl.trans(A), dM, PREC), 0.0)
+    dW += mm(dN, K, PREC)
+    dK += mm(tl.trans(dN), W, PREC)
+    # A = X diag(beta)
+    db = tl.sum(dA * X, axis=0)
+    dX = dA * b[None, :]
+    # X = (I + L)^{-1}: dL = strictLower(-X^T dX X^T); L = strictLower(diag(beta) W W^T)
+    dL = tl.where(strict, -mm(mm(tl.trans(X), dX, PREC), tl.trans(X), PREC), 0.0)
+    db += tl.sum(dL * E, axis=1)
+    dE = b[:, None] * dL
+    dW += mm(dE + tl.trans(dE), W, PREC)
+    smask = rmask[:, None] & cmask[None, :]
+    tl.store(tile_ptrs(dk_ptr, rows, H * D, h * D, cols), dK, mask=smask)
+    tl.store(tile_ptrs(dw_ptr, rows, H * D, h * D, cols), dW, mask=smask)
+    tl.store(dbeta_ptr + rows.to(tl.int64) * H + h, db, mask=rmask)
+
+
+def ut_bwd(q, k, w, beta, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
+           prec: str):
+    """Gradients of the UT inputs. q [N, HQ, D], k, w [N, H, D], beta [N, H] (inputs);
+    dqt [N, HQ, D] and dsd [N, HQ, BT] the gradients of Q~ and S per query head; dkt, du, dwp
+    [N, H, D] those of K~, U and the direct W term of the transitions (float32).
+
+    Returns dq, dk, dw, dbeta in the dtypes of q, k, w, beta.
+    """
+    N, HQ, D = q.shape
+    H = k.shape[1]
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dw = torch.empty_like(w)
+    dbeta = torch.empty_like(beta)
+    _ut_bwd_kernel[(table.shape[0], H)](
+        q, k, w, beta, dqt, dsd, dkt, du, dwp, dq, dk, dw, dbeta, table, scale, HQ, H, D,
+        G=HQ // H, BT=BT, BD=BD, PREC=prec)
+    return dq, dk, dw, dbeta
