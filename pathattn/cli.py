@@ -9,7 +9,9 @@ scored).
 --batch-size B --out DIR` trains a model (`pathattn.train`); options left out take the
 `TrainConfig` defaults (PROVISIONAL for flip-flop on a CPU: 2000 steps of batch 16, not
 tuned to reach the paper's error rates). `--resume` continues DIR's checkpoint with the
-config stored there (options given must agree with it).
+config stored there (options given must agree with it). Under `torchrun --nproc_per_node=P
+-m pathattn train ...` the run is data-parallel over the P processes (same global batch,
+same losses as one process), `--context-parallel N` shards each sequence over N of them.
 
 `pathattn compare --task flipflop --attns path rope ... --out DIR` trains one model per
 attention type with the same options and writes DIR/results.md (markdown table),
@@ -132,6 +134,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --out with its stored config")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("--context-parallel", type=int, default=1, metavar="N",
+                   help="under torchrun: ranks sharing each sequence (context parallelism, "
+                   "PaTH layers only); data parallelism over the rest (default 1)")
     p.set_defaults(run=_run_train)
 
 
@@ -158,12 +163,15 @@ def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     try:
         cfg = _train_config(args)
-        trainer = Trainer(cfg, resume=args.resume)
+        trainer = Trainer(cfg, resume=args.resume, context_parallel=args.context_parallel)
     except ValueError as e:
         parser.error(str(e))
     metrics = trainer.train()
-    print(json.dumps(metrics))
-    print(f"wrote {cfg.out_dir}/log.jsonl, metrics.json and checkpoints/")
+    if trainer.parallel is not None:  # torchrun: rank 0 has written everything
+        trainer.parallel.close()
+    if trainer.is_main:
+        print(json.dumps(metrics))
+        print(f"wrote {cfg.out_dir}/log.jsonl, metrics.json and checkpoints/")
     return 0
 
 

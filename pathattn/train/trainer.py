@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
+from ..distributed.data_parallel import DistributedTraining
 from ..models import PaTHLM
 from .checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
 from .config import TaskStream, TrainConfig, build_model_config
@@ -91,10 +92,13 @@ class Trainer:
         resume: continue from cfg.out_dir's checkpoint (its config must match cfg in every
             field but `progress` and `out_dir`; ValueError otherwise).
         device: where the model runs (default CPU).
+        context_parallel: under torchrun, the number of ranks that share each sequence
+            (`pathattn.distributed.DistributedTraining`; data parallelism over the rest).
+            Under torchrun only rank 0 writes logs, metrics and checkpoints.
     """
 
     def __init__(self, cfg: TrainConfig, resume: bool = False,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", context_parallel: int = 1):
         self.cfg = cfg.validate()
         self.device = torch.device(device)
         self.out_dir = Path(cfg.out_dir)
@@ -104,6 +108,9 @@ class Trainer:
         tokens, _ = self._peek_shape()
         self.model_config = build_model_config(cfg, len(self.stream.task.vocab), tokens)
         self.model = PaTHLM(self.model_config).to(self.device)
+        # torchrun: DDP (+ context parallelism) from outside the model; None otherwise
+        self.parallel = DistributedTraining.from_env(self.model, context_parallel, self.device)
+        self.is_main = self.parallel is None or self.parallel.is_main
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay),
                                            lr=cfg.lr, betas=(0.9, 0.95))
         self.step = 0
@@ -111,8 +118,9 @@ class Trainer:
             self._resume()
         else:
             self._truncate_logs(0)
-        atomic_write_bytes(self.out_dir / "config.json",
-                           (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+        if self.is_main:
+            atomic_write_bytes(self.out_dir / "config.json",
+                               (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
 
     def _peek_shape(self) -> tuple[int, int]:
         """(T, B) of the training batches, without consuming the stream."""
@@ -130,6 +138,8 @@ class Trainer:
                 "config": self.cfg.to_dict()}
 
     def save(self) -> None:
+        if not self.is_main:
+            return
         save_checkpoint(self.out_dir, self.step, self.model, self.state_dict())
 
     def _resume(self) -> None:
@@ -152,6 +162,8 @@ class Trainer:
 
     def _truncate_logs(self, step: int) -> None:
         """Keep only records with "step" <= step in log.jsonl and eval.jsonl."""
+        if not self.is_main:
+            return
         for name in ("log.jsonl", "eval.jsonl"):
             path = self.out_dir / name
             if not path.exists():
@@ -161,6 +173,8 @@ class Trainer:
             atomic_write_bytes(path, "".join(line + "\n" for line in keep).encode())
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
         with open(self.out_dir / name, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -176,9 +190,13 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with autocast_context(cfg.dtype, self.device):
-            _, loss = self.model(tokens, labels=targets)
+            if self.parallel is None:
+                _, loss = self.model(tokens, labels=targets)
+                objective = loss
+            else:  # this rank's share of the global batch's mean loss
+                loss, objective = self.parallel.loss(tokens, targets)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         if cfg.grad_clip > 0:
             grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         else:
@@ -213,7 +231,7 @@ class Trainer:
                     self._append("log.jsonl", {"step": self.step, **stats,
                                                "elapsed_s": time.perf_counter() - start})
                     bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
-                if self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                if self.step % cfg.eval_every == 0 and self.step < cfg.steps and self.is_main:
                     self._append("eval.jsonl",
                                  {"step": self.step, **flatten_metrics(self.evaluate())})
                 if self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
@@ -223,6 +241,8 @@ class Trainer:
         if self.step < cfg.steps:
             return {"step": self.step}
         self.save()
+        if not self.is_main:
+            return {"step": self.step}
         metrics = {"step": self.step,
                    **flatten_metrics(self.evaluate(self.cfg.final_eval_batches))}
         self._append("eval.jsonl", metrics)

@@ -1,0 +1,140 @@
+"""Data- and context-parallel training of an unchanged model under torchrun (STYLE point 9).
+
+`DistributedTraining.from_env(model, context_parallel=N)` reads torchrun's environment
+(WORLD_SIZE, RANK, MASTER_ADDR / MASTER_PORT), initialises the default process group
+(gloo on CPU, NCCL on CUDA) and lays the W ranks out as a grid of W / N data-parallel
+replicas times N context-parallel ranks (rank = replica * N + shard):
+
+* every rank draws the same global batch [B, T] from the seeded stream (so the data are
+  exactly those of a single-process run) and keeps its rows (`torch.tensor_split` of B
+  over the replicas) and its sequence shard (`tensor_split` of T over the N ranks of its
+  context-parallel group);
+* the model is wrapped in DistributedDataParallel over all W ranks, and run inside
+  `context_parallel(model, group)` when N > 1;
+* the objective each rank back-propagates is (sum of its token losses) * W / n, with n the
+  number of scored targets of the *global* batch (known to every rank): DDP averages the
+  W gradients, so the update is the gradient of the global batch's mean loss over scored
+  tokens, as in the single-process run (not a mean of per-rank means, which would weight
+  tokens differently when ranks score different numbers of targets). The logged loss is
+  the all-reduced sum / n.
+
+Only rank 0 (`is_main`) writes logs, metrics and checkpoints; see `pathattn.train.Trainer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from ..models import IGNORE_INDEX
+from .model_parallel import context_parallel
+
+__all__ = ["DistributedTraining", "torchrun_world_size"]
+
+
+def torchrun_world_size() -> int:
+    """WORLD_SIZE of the environment (1 outside torchrun)."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE: expected an int, got {value!r}") from None
+
+
+def _init_from_env(device: torch.device) -> None:
+    if dist.is_initialized():
+        return
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ValueError(f"WORLD_SIZE > 1 but {missing} not set: launch with torchrun")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+
+
+class DistributedTraining:
+    """Data parallelism (DDP) and optional context parallelism for one model; see the
+    module docstring. Build with `from_env`."""
+
+    def __init__(self, model: torch.nn.Module, context_parallel: int = 1):
+        if not dist.is_initialized():
+            raise ValueError("group: torch.distributed is not initialised")
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+        cp = context_parallel
+        if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1 \
+                or self.world_size % cp:
+            raise ValueError(f"context_parallel must be a positive int dividing the world "
+                             f"size {self.world_size}, got {cp!r}")
+        self.cp = cp
+        self.dp = self.world_size // cp
+        self.dp_rank, self.cp_rank = divmod(self.rank, cp)
+        self.cp_group = None
+        if cp > 1:  # every rank creates every group, in the same order
+            for d in range(self.dp):
+                group = dist.new_group(list(range(d * cp, (d + 1) * cp)))
+                if d == self.dp_rank:
+                    self.cp_group = group
+        self.module = model
+        self.ddp = DistributedDataParallel(model) if self.world_size > 1 else model
+
+    @classmethod
+    def from_env(cls, model: torch.nn.Module, context_parallel: int = 1,
+                 device: torch.device | str = "cpu") -> DistributedTraining | None:
+        """None in a single process (WORLD_SIZE unset or 1, context_parallel 1); otherwise
+        initialises the process group from torchrun's variables (once) and wraps model."""
+        world = torchrun_world_size()
+        if world <= 1 and context_parallel == 1:
+            return None
+        if world <= 1:
+            raise ValueError(f"context_parallel={context_parallel} needs as many processes "
+                             "(launch with torchrun --nproc_per_node ...)")
+        _init_from_env(torch.device(device))
+        return cls(model, context_parallel)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's rows and sequence shard of a global [B, T] batch tensor."""
+        B, T = x.shape[:2]
+        if B < self.dp or T < self.cp:
+            raise ValueError(f"batch_size: a global batch [B={B}, T={T}] cannot be split "
+                             f"over {self.dp} replicas x {self.cp} sequence shards")
+        rows = torch.tensor_split(x, self.dp, dim=0)[self.dp_rank]
+        return torch.tensor_split(rows, self.cp, dim=1)[self.cp_rank]
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global batch tokens, targets [B, T] -> (loss, objective): loss is the global
+        batch's mean cross-entropy over scored targets (detached, equal on every rank),
+        objective the tensor this rank back-propagates (module docstring)."""
+        n = int((targets != IGNORE_INDEX).sum())
+        tok, tgt = self.shard(tokens), self.shard(targets)
+        cp = (context_parallel(self.module, self.cp_group) if self.cp > 1
+              else contextlib.nullcontext())
+        with cp:
+            logits, _ = self.ddp(tok)  # [b, t, V]
+        V = logits.shape[-1]
+        total = F.cross_entropy(logits.float().reshape(-1, V), tgt.reshape(-1).long(),
+                                ignore_index=IGNORE_INDEX, reduction="sum")
+        summed = total.detach().clone()
+        dist.all_reduce(summed)
+        denom = max(n, 1)  # no scored target: zero objective (single process: NaN loss)
+        loss = summed / denom if n else summed * float("nan")
+        return loss, total * (self.world_size / denom)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def close(self) -> None:
+        """Wait for every rank, then tear the process group down."""
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
