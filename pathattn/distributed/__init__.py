@@ -1,6 +1,19 @@
-"""Parallelism applied from outside the model (STYLE point 9): context-parallel (ring) PaTH
-attention over torch.distributed (paper section 3.5) and data-parallel training helpers."""
+"""Parallelism applied from outside the model (STYLE point 9).
+
+* `context_parallel_path_attn`: context-parallel (ring) PaTH attention over
+  torch.distributed (paper section 3.5), in `context_parallel.py` (per-shard pieces in
+  `shard.py`, point-to-point plumbing in `ring.py`);
+* `context_parallel(model, group)`: runs every PaTH layer of an unchanged model on a
+  sequence shard (`model_parallel.py`);
+* `DistributedTraining`: data parallelism (DDP) with optional context parallelism for the
+  trainer under torchrun (`data_parallel.py`).
+
+See docs/context_parallel.md.
+"""
 
 from .context_parallel import context_parallel_path_attn
+from .data_parallel import DistributedTraining
+from .model_parallel import context_parallel, halo_exchange
 
-__all__ = ["context_parallel_path_attn"]
+__all__ = ["context_parallel_path_attn", "context_parallel", "halo_exchange",
+           "DistributedTraining"]
