@@ -33,8 +33,10 @@ class Case:
     """One input configuration; `special` edits the layer-like inputs of `make_inputs`:
     "gate_cliff" (g = -50 on tokens 100..149), "beta0", "beta2", "beta0or2", "w_free"
     (w of norm in (0, 1) instead of unit), "w_big" (norms in (1, 1.5): transforms that
-    expand), or "sharp" (q * 10: logits far above the running max, so the forward scan must
-    rescale instead of taking its no-rescale shortcut)."""
+    expand), "sharp" (q * 10: logits far above the running max, so the forward scan must
+    rescale instead of taking its no-rescale shortcut), or "gate_ramp" (g = -0.5 on every
+    token: probabilities fall smoothly through blockwise.py's exp cutoff, exp(-64), down to
+    exp(-150))."""
 
     B: int = 2
     T: int = 65
@@ -53,6 +55,8 @@ class Case:
         gen = torch.Generator().manual_seed(1)
         if self.special == "gate_cliff":
             g[:, 100:150] = -50.0
+        elif self.special == "gate_ramp":
+            g = torch.full_like(g, -0.5)
         elif self.special == "beta0":
             beta = torch.zeros_like(beta)
         elif self.special == "beta2":
@@ -162,6 +166,7 @@ def test_fp32_cu_seqlens_int32():
     Case(T=300, gates=False, special="w_free"),
     Case(T=300, gates=False, special="w_big"), Case(T=300, special="w_big"),
     Case(T=300, gates=False, special="sharp"), Case(T=300, special="sharp"),
+    Case(T=300, special="gate_ramp"),
 ], ids=str)
 def test_fp32_special_inputs(case):
     _check_fp32(case, block_size=32)
@@ -240,3 +245,11 @@ def test_low_precision_like_flash_attention(dtype, case):
     e_ours, e_plain = errors(ours, ref), errors(plain, ref)
     bad = {n: (e_ours[n], e_plain[n]) for n in e_ours if not e_ours[n] <= 2 * e_plain[n] + 1e-5}
     assert not bad, f"(ours, plain) relative errors: {bad}"
+
+
+def test_float64_exp_cutoff_is_exact():
+    """The blockwise exp cutoff (probabilities < exp(-64) of the row reference set to 0)
+    leaves float64 results equal to the naive reference within 1e-10."""
+    case = Case(T=300, special="gate_ramp")
+    ours = run_with_grads(path_attn, case.inputs(torch.float64), case.dout(), block_size=32)
+    assert_close_to_reference(ours, _reference(case), 1e-10)
