@@ -43,7 +43,7 @@ ALPHABETS = ("elements", "generators")
 FLIPFLOP_VAL_SPLITS = ("val", "val_sparse", "val_dense")
 
 # name -> field values that differ from the defaults; `TrainConfig.preset(name, **over)`.
-# PROVISIONAL: sized to finish in minutes on a CPU, not tuned to reach the paper's numbers.
+# sized to finish in minutes on a CPU; "fflm-cpu" (the defaults) reaches 0 errors for PaTH.
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # flip-flop, the paper's 1-layer / 2-head / 64-wide model (the defaults)
     "fflm-cpu": dict(task="flipflop"),
@@ -76,9 +76,9 @@ class TrainConfig:
     gradients are clipped to global norm grad_clip (0 = off). dtype "bfloat16" runs the
     forward under CPU / CUDA autocast, parameters and optimizer state stay float32.
 
-    Defaults (PROVISIONAL): steps=2000 at batch 16 is a flip-flop run of about 13 minutes on
-    one CPU core (0.4 s / step, 512 tokens), not tuned to reach the paper's error rates (a
-    later task).
+    Defaults: steps=2000 at batch 16 is a flip-flop run of about 6 minutes on 2 CPU cores
+    (512 tokens per sequence); PaTH reaches 0 errors on every split of the final evaluation
+    (1024 sequences per split), RoPE 27.5 % / 46.2 % / 1.8 % (README).
 
     Evaluation: every eval_every steps on eval_batches batches per split; the final
     evaluation (metrics.json) on final_eval_batches batches per split (default 64 batches of
