@@ -50,9 +50,13 @@ def _causal_rows(C: int, Gr: int, device) -> torch.Tensor:
 _EXP_CUTOFF = -64.0
 
 
-def _exp_(x: torch.Tensor) -> torch.Tensor:
-    """exp in place, with arguments below _EXP_CUTOFF (and -inf) giving exactly 0."""
-    return F.threshold_(x, _EXP_CUTOFF, float("-inf")).exp_()
+def _exp_(x: torch.Tensor, above_cutoff: bool = False) -> torch.Tensor:
+    """exp in place, with arguments below _EXP_CUTOFF (and -inf) giving exactly 0.
+    above_cutoff=True: the caller proved every argument >= _EXP_CUTOFF (the cutoff pass,
+    one read and write of the tile, is skipped)."""
+    if not above_cutoff:
+        F.threshold_(x, _EXP_CUTOFF, float("-inf"))
+    return x.exp_()
 
 
 def _diag_logits(s_diag: torch.Tensor, gates: BlockGates | None, C: int,
@@ -89,18 +93,23 @@ def _cross_logits(Q, Ktt, d, lay: BlockLayout, gates: BlockGates | None):
 _HEADROOM = 40.0
 
 
-def _row_bound(qn, kmax, gl_min, r, C):
-    """Upper bound of every row's logits in a tile, by Cauchy-Schwarz.
+def _row_bounds(qn, kmax, gl_range, r, C):
+    """Upper and lower bounds of every row's logits in a tile, by Cauchy-Schwarz.
 
     qn [cnt, H, R] bound of the query-state norms; kmax [cnt, H] largest key norm of each
-    key block; gl_min [cnt, H, Gr] smallest gate column term of each key block, r [cnt, H, R]
-    the gate row term (both None without gates). Returns [cnt, H, R].
+    key block; gl_range = (min, max) [cnt, H, Gr] each of the gate column terms of each key
+    block, r [cnt, H, R] the gate row term (both None without gates). Returns two
+    [cnt, H, R] tensors.
     """
-    bound = qn * kmax[..., None]
-    if r is not None:
-        cnt, H, Gr = gl_min.shape
-        bound += r - gl_min[..., None].expand(cnt, H, Gr, C).reshape(cnt, H, Gr * C)
-    return bound
+    reach = qn * kmax[..., None]  # |scaled q~ . k~| <= reach
+    if r is None:
+        return reach, -reach
+    cnt, H, Gr = gl_range[0].shape
+
+    def per_row(x):  # [cnt, H, Gr] -> [cnt, H, R]
+        return x[..., None].expand(cnt, H, Gr, C).reshape(cnt, H, Gr * C)
+
+    return reach + r - per_row(gl_range[0]), r - per_row(gl_range[1]) - reach
 
 
 def block_growth(wb: torch.Tensor, bb: torch.Tensor) -> torch.Tensor:
@@ -136,7 +145,7 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
     del S
     Ktt = kt.transpose(-1, -2).contiguous()  # [NB, H, D, C]
     kmax = torch.linalg.vector_norm(kt, dim=-1).amax(-1)  # [NB, H]
-    gl_min = None if gates is None else gates.gl.amin(-1)  # [NB, H, Gr]
+    gl_range = None if gates is None else gates.gl.aminmax(dim=-1)  # 2 x [NB, H, Gr]
     # qn bounds the norm of every query state: |q~| times the growth of the blocks passed
     qn = torch.linalg.vector_norm(qt, dim=-1)  # [NB, H, R]
     if growth is None:
@@ -148,18 +157,21 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
         Q = state[:cnt]
         S, r = _cross_logits(Q, Ktt, d, lay, gates)
         m_old = m[:cnt]
-        bound = _row_bound(qn[:cnt], lay.take(kmax, d, cnt),
-                           None if gl_min is None else lay.take(gl_min, d, cnt), r, C)
+        bound, low = _row_bounds(
+            qn[:cnt], lay.take(kmax, d, cnt),
+            None if gl_range is None else [lay.take(x, d, cnt) for x in gl_range], r, C)
         a = acc[:cnt].view(cnt * H, R, Dv)
         if bool((bound <= m_old + _HEADROOM).all()):
-            _exp_(S.sub_((m_old if r is None else m_old - r)[..., None]))
+            _exp_(S.sub_((m_old if r is None else m_old - r)[..., None]),
+                  above_cutoff=bool((low - m_old >= _EXP_CUTOFF).all()))
             den[:cnt] += S.sum(-1)
         else:
             m_blk = S.amax(-1)
             if r is not None:
                 m_blk += r
             m_new = torch.maximum(m_old, m_blk)
-            _exp_(S.sub_((m_new if r is None else m_new - r)[..., None]))
+            _exp_(S.sub_((m_new if r is None else m_new - r)[..., None]),
+                  above_cutoff=bool((low - m_new >= _EXP_CUTOFF).all()))
             alpha = (m_old - m_new).exp_()  # [cnt, H, R]
             den[:cnt].mul_(alpha).add_(S.sum(-1))
             a.mul_(alpha.view(cnt * H, R, 1))
