@@ -42,8 +42,9 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
         cu_seqlens: optional int tensor [N + 1] of packed sequence boundaries (B must be 1,
             FlashAttention convention). No attention and no Householder product crosses a
             boundary.
-        block_size: block length C of the blockwise algorithm (default 128; the UT
-            transform itself runs on sub-blocks of at most 64 tokens). With
+        block_size: block length C of the blockwise algorithm (default 128, or the longest
+            sequence rounded up to a multiple of 16 when shorter; the UT transform itself
+            runs on sub-blocks of at most 64 tokens). With
             backend="triton": a power of two in [16, 128] (default 64, 32 when D > 128).
         backend: "auto" (Triton kernels for CUDA tensors when triton is installed, the
             blockwise PyTorch path otherwise), "torch" or "triton" (on CPU tensors only
@@ -89,5 +90,14 @@ def _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
     scale = D**-0.5 if scale is None else float(scale)
     if B * T == 0:
         return scale, None
-    C = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    C = default_block_size(T, cu_seqlens) if block_size is None else block_size
     return scale, make_layout(B, T, C, cu_seqlens, q.device)
+
+
+def default_block_size(T: int, cu_seqlens: torch.Tensor | None = None) -> int:
+    """DEFAULT_BLOCK_SIZE, or less for short sequences: the longest sequence rounded up to a
+    multiple of 16 (every sequence is padded to whole blocks, so a 10-token sequence in a
+    128-token block would cost 12x its work)."""
+    longest = T if cu_seqlens is None or cu_seqlens.numel() < 2 else \
+        int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return min(DEFAULT_BLOCK_SIZE, max(16, -(-longest // 16) * 16))

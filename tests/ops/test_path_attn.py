@@ -253,3 +253,19 @@ def test_float64_exp_cutoff_is_exact():
     case = Case(T=300, special="gate_ramp")
     ours = run_with_grads(path_attn, case.inputs(torch.float64), case.dout(), block_size=32)
     assert_close_to_reference(ours, _reference(case), 1e-10)
+
+
+def test_default_block_size_fits_short_sequences():
+    """Short sequences get a block of their length rounded up to 16, not 128 (padding would
+    multiply their work); the result is the same as with an explicit block size."""
+    from pathattn.ops.path_attn import default_block_size
+
+    assert default_block_size(10) == 16 and default_block_size(300) == 128
+    assert default_block_size(70) == 80
+    assert default_block_size(300, torch.tensor([0, 5, 30, 300])) == 128
+    assert default_block_size(40, torch.tensor([0, 5, 30, 40])) == 32
+    case = Case(T=20)
+    inputs = case.inputs()
+    o_default = path_attn(*inputs)
+    torch.testing.assert_close(o_default, path_attn(*inputs, block_size=128), rtol=1e-5,
+                               atol=1e-6)
