@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks"]
+__all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks", "sequence_bounds"]
 
 
 @dataclass
@@ -85,14 +85,7 @@ def make_layout(B: int, T: int, C: int, cu_seqlens: torch.Tensor | None,
     cu_seqlens: None or an int tensor [N + 1] of boundaries (validated by the caller).
     Built on the CPU with vectorised index arithmetic, then moved to `device`.
     """
-    if cu_seqlens is None:
-        starts = torch.arange(B, dtype=torch.long) * T
-        ends = starts + T
-    else:
-        cs = cu_seqlens.detach().to("cpu", torch.long)
-        starts, ends = cs[:-1], cs[1:]
-        keep = ends > starts  # empty sequences own no block
-        starts, ends = starts[keep], ends[keep]
+    starts, ends = sequence_bounds(B, T, cu_seqlens)
     n_tokens = B * T
     n_blocks = (ends - starts + C - 1) // C  # [N]
     NB = int(n_blocks.sum())
@@ -150,3 +143,16 @@ def from_blocks(xb: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
     """Slots [NB, C, *F] -> tokens [B * T, *F], dropping padding. Differentiable."""
     flat = xb.reshape((lay.NB * lay.C,) + tuple(xb.shape[2:]))
     return flat.index_select(0, lay.token_slot)
+
+
+def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, ends): int64 CPU tensors [N] of each non-empty sequence's first token and one
+    past its last, in the flattened [B * T] token axis (B rows of T, or cu_seqlens)."""
+    if cu_seqlens is None:
+        starts = torch.arange(B, dtype=torch.long) * T
+        return starts, starts + T
+    cs = cu_seqlens.detach().to("cpu", torch.long)
+    starts, ends = cs[:-1], cs[1:]
+    keep = ends > starts  # empty sequences own no block
+    return starts[keep], ends[keep]

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..layout import sequence_bounds
+
 __all__ = ["block_table", "interpreting", "tile_kwargs", "device_fn"]
 
 
@@ -38,14 +40,7 @@ def block_table(B: int, T: int, cu_seqlens: torch.Tensor | None, BT: int,
     sequence's first token and one past its sequence's last token; n_max the largest number
     of blocks of one sequence. Blocks of a sequence are consecutive rows, left to right.
     """
-    if cu_seqlens is None:
-        starts = torch.arange(B, dtype=torch.long) * T
-        ends = starts + T
-    else:
-        cs = cu_seqlens.detach().to("cpu", torch.long)
-        starts, ends = cs[:-1], cs[1:]
-        keep = ends > starts
-        starts, ends = starts[keep], ends[keep]
+    starts, ends = sequence_bounds(B, T, cu_seqlens)
     n_blocks = (ends - starts + BT - 1) // BT  # [N_seq]
     seq = torch.repeat_interleave(torch.arange(len(n_blocks)), n_blocks)  # [NB]
     local = torch.arange(len(seq)) - (n_blocks.cumsum(0) - n_blocks)[seq]  # [NB]
