@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from ..distributed.data_parallel import DistributedTraining
 from ..models import PaTHLM
 from .checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
-from .config import TaskStream, TrainConfig, build_model_config
+from .config import TaskStream, TrainConfig, build_model_config, model_vocab_size
 from .evaluate import autocast_context, evaluate
 
 __all__ = ["Trainer", "lr_at", "param_groups"]
@@ -106,7 +106,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.stream = TaskStream.for_split(cfg, "train")
         tokens, _ = self._peek_shape()
-        self.model_config = build_model_config(cfg, len(self.stream.task.vocab), tokens)
+        self.model_config = build_model_config(cfg, model_vocab_size(self.stream.task), tokens)
         self.model = PaTHLM(self.model_config).to(self.device)
         # torchrun: DDP (+ context parallelism) from outside the model; None otherwise
         self.parallel = DistributedTraining.from_env(self.model, context_parallel, self.device)
