@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from .tasks import (
     MQRAR,
     SPLITS,
+    TASKS,
     FlipFlop,
     FlipFlopConfig,
     MQRARConfig,
@@ -37,7 +38,6 @@ from .tasks import (
     write_jsonl,
 )
 
-TASKS = ("flipflop", "a5", "s5", "mqrar")
 # options that only some tasks take (dest -> tasks); None means "not given"
 TASK_OPTIONS = {
     "split": ("flipflop",),

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..ops.blockwise import _exp_
+from ..ops.blockwise import exp_cutoff_
 from ..ops.layout import BlockLayout, from_blocks
 from ..ops.ut import BlockUT
 
@@ -138,7 +138,7 @@ def cross_forward(Q, K, V, a=None, b=None):
     for sl in _chunks(Q, K.shape[2]):
         S = _tile_logits(Q[..., sl, :], K, None if a is None else a[..., sl], b)
         m = S.amax(-1)
-        _exp_(S.sub_(m[..., None]))
+        exp_cutoff_(S.sub_(m[..., None]))
         den = S.sum(-1)
         o[..., sl, :] = (S @ V[:, :, None]) / den[..., None]
         lse[..., sl] = m + den.log()
@@ -171,7 +171,7 @@ def cross_backward(Q, K, V, a, b, do, lse, delta) -> CrossGrads:
     for sl in _chunks(Q, K.shape[2]):
         Qc, doc = Q[..., sl, :], do[..., sl, :]
         P = _tile_logits(Qc, K, None if a is None else a[..., sl], b)
-        _exp_(P.sub_(lse[..., sl, None]))  # [B, H, Gr, tq, Tk]
+        exp_cutoff_(P.sub_(lse[..., sl, None]))  # [B, H, Gr, tq, Tk]
         dv += (P.transpose(-1, -2) @ doc).sum(2)
         dS = (doc @ Vt).sub_(delta[..., sl, None]).mul_(P)
         del P

@@ -50,7 +50,7 @@ def _causal_rows(C: int, Gr: int, device) -> torch.Tensor:
 _EXP_CUTOFF = -64.0
 
 
-def _exp_(x: torch.Tensor, above_cutoff: bool = False) -> torch.Tensor:
+def exp_cutoff_(x: torch.Tensor, above_cutoff: bool = False) -> torch.Tensor:
     """exp in place, with arguments below _EXP_CUTOFF (and -inf) giving exactly 0.
     above_cutoff=True: the caller proved every argument >= _EXP_CUTOFF (the cutoff pass,
     one read and write of the tile, is skipped)."""
@@ -139,7 +139,7 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
     # diagonal blocks (d = 0) initialise the online softmax
     S = _diag_logits(s_diag, gates, C, inplace=True)
     m = S.amax(-1)  # [NB, H, R] running max (or a reference point within _HEADROOM of it)
-    _exp_(S.sub_(m[..., None]))
+    exp_cutoff_(S.sub_(m[..., None]))
     den = S.sum(-1)  # [NB, H, R]
     acc = S @ vb  # [NB, H, R, Dv]
     del S
@@ -162,7 +162,7 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
             None if gl_range is None else [lay.take(x, d, cnt) for x in gl_range], r, C)
         a = acc[:cnt].view(cnt * H, R, Dv)
         if bool((bound <= m_old + _HEADROOM).all()):
-            _exp_(S.sub_((m_old if r is None else m_old - r)[..., None]),
+            exp_cutoff_(S.sub_((m_old if r is None else m_old - r)[..., None]),
                   above_cutoff=bool((low - m_old >= _EXP_CUTOFF).all()))
             den[:cnt] += S.sum(-1)
         else:
@@ -170,7 +170,7 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
             if r is not None:
                 m_blk += r
             m_new = torch.maximum(m_old, m_blk)
-            _exp_(S.sub_((m_new if r is None else m_new - r)[..., None]),
+            exp_cutoff_(S.sub_((m_new if r is None else m_new - r)[..., None]),
                   above_cutoff=bool((low - m_new >= _EXP_CUTOFF).all()))
             alpha = (m_old - m_new).exp_()  # [cnt, H, R]
             den[:cnt].mul_(alpha).add_(S.sum(-1))
@@ -198,7 +198,7 @@ class ScanGrads(NamedTuple):
 def _tile_probs(S, lse):
     """Softmax probabilities of a tile, in place: S [.., R, C] (net of the gate row term),
     lse [.., R] (net of the row term)."""
-    return _exp_(S.sub_(lse[..., None]))
+    return exp_cutoff_(S.sub_(lse[..., None]))
 
 
 def _tile_dS(P, delta, dO, Vt):

@@ -8,6 +8,8 @@ from .flipflop import SPLITS, FlipFlop, FlipFlopConfig, read_errors, read_indice
 from .mqrar import MQRAR, MQRARConfig, nback_targets
 from .word_problems import WordProblem, WordProblemConfig
 
-__all__ = ["IGNORE_INDEX", "Vocab", "make_generator", "to_records", "write_jsonl",
+TASKS = ("flipflop", "a5", "s5", "mqrar")  # task names of the CLI and TrainConfig
+
+__all__ = ["TASKS", "IGNORE_INDEX", "Vocab", "make_generator", "to_records", "write_jsonl",
            "SPLITS", "FlipFlop", "FlipFlopConfig", "read_mask", "read_indices", "read_errors",
            "WordProblem", "WordProblemConfig", "MQRAR", "MQRARConfig", "nback_targets"]

@@ -34,6 +34,7 @@ from ..models import ATTN_TYPES, IGNORE_INDEX, ModelConfig
 from ..tasks import (
     MQRAR,
     SPLITS,
+    TASKS,
     FlipFlop,
     FlipFlopConfig,
     MQRARConfig,
@@ -46,7 +47,6 @@ from ..tasks.flipflop import next_token_targets, sample_flipflop
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "TASKS", "DTYPES", "TaskStream", "build_task",
            "task_config", "build_model_config", "eval_splits", "model_vocab_size"]
 
-TASKS = ("flipflop", "a5", "s5", "mqrar")
 DTYPES = ("float32", "bfloat16")
 ALPHABETS = ("elements", "generators")
 FLIPFLOP_VAL_SPLITS = ("val", "val_sparse", "val_dense")
