@@ -3,7 +3,7 @@
 
 The sequence is cut into P contiguous shards, shard r on group rank r. Each rank
 
-1. runs the blockwise op on its own shard (in-shard attention: `forward_scan`), and keeps
+1. runs the blockwise op on its own shard (in-shard attention: `scan_forward`), and keeps
    the shard-level boundary-adjusted queries Qs, keys Ks and the shard's row-form
    transition Pt (`shard.shard_terms`; Pt = P^T with P the product of every H_t of the
    shard, D x D per head);
@@ -38,7 +38,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from ..ops.blockwise import backward_scan, block_growth, forward_scan
+from ..ops.blockwise import block_growth
+from ..ops.cpu import scan_backward, scan_forward
 from ..ops.function import _blocks, _kv_blocks, _row_blocks, _rows_to_tokens, compute_dtype
 from ..ops.gates import block_gates, gate_grad
 from ..ops.layout import from_blocks, make_layout
@@ -73,7 +74,7 @@ def _local_forward(q, k, w, beta, v, g, scale: float, C: int):
     gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
     ut = block_ut(qb, kb, wb, bb, scale)
     terms = shard_terms(lay, ut, B, T, HQ)
-    o_rows, lse_rows = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
+    o_rows, lse_rows = scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
                                     block_growth(wb, bb))
     o = rows_to_heads(_rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)), H)
     lse = rows_to_heads(_rows_to_tokens(lse_rows[..., None], lay, (B, T, HQ, 1)), H)[..., 0]
@@ -275,7 +276,7 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
             terms = shard_terms(lay, ut, B, T, HQ)
         with torch.no_grad():
             rows = lambda x: _row_blocks(x, lay, H, cd).flatten(2, 3)  # noqa: E731
-            grads = backward_scan(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
+            grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
                                   ut.s_diag.detach(), vb, gates, rows(do), rows(lse)[..., 0],
                                   rows(delta)[..., 0])
             # in-shard part of the gate gradient (float64 [B, T, HQ])

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .blockwise import backward_scan, block_growth, forward_scan
+from .blockwise import block_growth
+from .cpu import scan_backward, scan_forward
 from .gates import block_gates, gate_grad
 from .layout import BlockLayout, from_blocks, to_blocks
 from .ut import block_ut
@@ -59,7 +60,7 @@ def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float):
     """UT transform and forward scan of block tensors (one head group). Returns o_rows
     [NB, H, R, Dv] and lse [NB, H, R]."""
     ut = block_ut(qb, kb, wb, bb, scale)
-    return forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, block_growth(wb, bb))
+    return scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, block_growth(wb, bb))
 
 
 def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_rows, lse,
@@ -71,7 +72,7 @@ def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_row
         ut = block_ut(*leaves, scale)
     with torch.no_grad():
         delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
-        grads = backward_scan(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
+        grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
                               ut.s_diag.detach(), vb, gates, do_rows, lse, delta)
     dqb, dkb, dwb, dbb = torch.autograd.grad(
         [ut.qt, ut.kt, ut.pt, ut.s_diag], leaves,
@@ -161,7 +162,7 @@ def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
     ut = block_ut(qb, kb, wb, bb, scale)
     vb = _kv_blocks(v, lay, cd)
     gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
-    o_rows, _ = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
+    o_rows, _ = scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
                              block_growth(wb, bb))
     keys = ut.kt @ _suffix_transitions(lay, ut.pt)  # [NB, H, C, D]
     keys = from_blocks(keys.transpose(1, 2), lay).view(B, T, H, D)

@@ -1,0 +1,15 @@
+"""Fused C++ kernels for the CPU: the forward and backward scans (built just in time; see
+`build`)."""
+
+from .build import kernel_enabled, load_kernels
+from .scan import (
+    fused_backward_scan,
+    fused_forward_scan,
+    fused_scan_applies,
+    predecessors,
+    scan_backward,
+    scan_forward,
+)
+
+__all__ = ["kernel_enabled", "load_kernels", "fused_forward_scan", "fused_backward_scan",
+           "fused_scan_applies", "predecessors", "scan_forward", "scan_backward"]

@@ -1,0 +1,162 @@
+"""The fused CPU scans (scan_fwd.cpp, scan_bwd.cpp) against the PyTorch scans on the same
+block tensors, and the PyTorch fallback end to end against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pathattn import path_attn
+from pathattn.ops import path_attn_naive
+from pathattn.ops.blockwise import backward_scan, block_growth, forward_scan
+from pathattn.ops.cpu import (
+    fused_backward_scan,
+    fused_forward_scan,
+    load_kernels,
+    predecessors,
+    scan_forward,
+)
+from pathattn.ops.function import _blocks, _kv_blocks
+from pathattn.ops.gates import block_gates
+from pathattn.ops.layout import make_layout
+from pathattn.ops.ut import block_ut
+
+from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads
+
+pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
+
+
+def _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special=""):
+    """Block tensors of random inputs: (layout, UT quantities, vb, gates, growth)."""
+    q, k, v, w, beta, g = make_inputs(B, T, HQ, H, D, Dv, gates, dtype=dtype)
+    if special == "sharp":  # logits far above the diagonal's: the running max must move
+        q = q * 30
+    if special == "cliff" and g is not None:  # G falls by 2500 mid-sequence
+        g[:, T // 3: T // 3 + 50] = -50.0
+    cu_t = None if cu is None else torch.tensor(cu)
+    lay = make_layout(B, T, C, cu_t, torch.device("cpu"))
+    blocks = _blocks(q, k, w, beta, lay, dtype)
+    vb = _kv_blocks(v, lay, dtype)
+    gt = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, dtype)
+    return lay, block_ut(*blocks, D**-0.5), vb, gt, block_growth(blocks[2], blocks[3])
+
+
+CASES = [  # B, T, HQ, H, D, Dv, C, gates, cu, special
+    (1, 1, 1, 1, 16, 16, 16, False, None, ""),
+    (2, 7, 2, 2, 16, 8, 16, True, None, ""),
+    (2, 65, 4, 2, 48, 32, 16, True, None, ""),
+    (1, 300, 2, 1, 64, 64, 32, False, (0, 1, 130, 131, 300), ""),
+    (1, 300, 4, 2, 32, 48, 32, True, (0, 1, 130, 131, 300), ""),
+    (1, 300, 3, 3, 128, 64, 64, True, None, "sharp"),
+    (2, 300, 2, 1, 16, 16, 32, True, None, "cliff"),
+    (1, 513, 1, 1, 24, 40, 128, False, None, ""),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])) + c[9])
+def test_fused_matches_torch_scan(case, dtype):
+    B, T, HQ, H, D, Dv, C, gates, cu, special = case
+    lay, ut, vb, gt, growth = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
+    s_diag = ut.s_diag.clone()
+    o, lse = fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt)
+    torch.testing.assert_close(s_diag, ut.s_diag, rtol=0, atol=0)  # read only
+    o_ref, lse_ref = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag.clone(), vb, gt, growth)
+    tol = {torch.float32: 2e-5, torch.float64: 1e-12}[dtype]
+    assert o.dtype == lse.dtype == dtype
+    assert o.shape == o_ref.shape and lse.shape == lse_ref.shape
+    torch.testing.assert_close(o, o_ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse, lse_ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])) + c[9])
+def test_fused_backward_matches_torch_scan(case, dtype):
+    B, T, HQ, H, D, Dv, C, gates, cu, special = case
+    lay, ut, vb, gt, growth = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
+    o, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag.clone(), vb, gt, growth)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    delta = (do * o).sum(-1)
+    s_diag = ut.s_diag.clone()
+    ours = fused_backward_scan(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, do, lse, delta)
+    torch.testing.assert_close(s_diag, ut.s_diag, rtol=0, atol=0)  # read only
+    ref = backward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag.clone(), vb, gt, do, lse, delta)
+    tol = {torch.float32: 1e-4, torch.float64: 1e-11}[dtype]
+    for name in ref._fields:
+        x, x_ref = getattr(ours, name), getattr(ref, name)
+        if x_ref is None:
+            assert x is None, name
+            continue
+        assert x.dtype == dtype and x.shape == x_ref.shape, name
+        scale = x_ref.abs().max().clamp_min(1e-30)  # relative to the largest entry
+        err = float((x - x_ref).abs().max() / scale)
+        assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
+
+
+def test_predecessors_follow_each_sequence():
+    lay = make_layout(1, 300, 32, torch.tensor([0, 1, 130, 131, 300]), torch.device("cpu"))
+    pred = predecessors(lay)
+    # walking back from every block visits the blocks of its sequence in local order
+    starts = sorted({int(x) for x in lay.slot_token.view(lay.NB, 32)[:, 0]})
+    chains = []
+    for a in range(lay.NB):
+        chain, b = [], a
+        while b >= 0:
+            chain.append(int(lay.slot_token[b * 32]))
+            b = int(pred[b])
+        chains.append(chain)
+    assert all(c == sorted(c, reverse=True) for c in chains)
+    assert sorted(c[-1] for c in chains if len(c) == 1) == [0, 1, 130, 131]
+    assert len(starts) == lay.NB
+
+
+def test_kernel_rejects_bad_block_tensors():
+    lay, ut, vb, _, _ = _block_inputs(1, 64, 1, 1, 16, 16, 16, False, None, torch.float32)
+    with pytest.raises(RuntimeError, match="kt"):
+        torch.ops.pathattn_cpu.scan_fwd(ut.qt, ut.kt.double(), ut.pt, ut.s_diag, vb,
+                                         predecessors(lay), None, None)
+    with pytest.raises(RuntimeError, match="pred"):
+        torch.ops.pathattn_cpu.scan_fwd(ut.qt, ut.kt, ut.pt, ut.s_diag, vb,
+                                         torch.zeros(lay.NB, dtype=torch.long), None, None)
+
+
+def test_disabled_kernel_runs_torch_scan(monkeypatch):
+    """PATHATTN_CPU_KERNEL=0: scan_forward is the PyTorch scan (it overwrites s_diag)."""
+    lay, ut, vb, gt, growth = _block_inputs(2, 65, 2, 1, 16, 16, 16, True, None,
+                                            torch.float32)
+    s_diag = ut.s_diag.clone()
+    monkeypatch.setenv("PATHATTN_CPU_KERNEL", "0")
+    scan_forward(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, growth)
+    assert not torch.equal(s_diag, ut.s_diag)
+    monkeypatch.setenv("PATHATTN_CPU_KERNEL", "1")
+    s_diag = ut.s_diag.clone()
+    scan_forward(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, growth)
+    assert torch.equal(s_diag, ut.s_diag)
+
+
+@pytest.mark.parametrize("gates", [False, True], ids=["nogates", "gates"])
+def test_torch_fallback_matches_reference(gates, monkeypatch):
+    """Without the kernel, path_attn (PyTorch scan) still meets the float32 tolerance."""
+    monkeypatch.setenv("PATHATTN_CPU_KERNEL", "0")
+    B, T, HQ, H, D = 1, 300, 4, 2, 32
+    inputs = make_inputs(B, T, HQ, H, D, D, gates)
+    dout = make_dout(B, T, HQ, D)
+    cu = torch.tensor([0, 1, 130, 131, 300])
+    ours = run_with_grads(path_attn, inputs, dout, cu_seqlens=cu, block_size=32)
+    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
+                                                 for x in inputs), dout, cu_seqlens=cu)
+    assert_close_to_reference(ours, ref, 1e-4)
+
+
+@pytest.mark.parametrize("gates", [False, True], ids=["nogates", "gates"])
+def test_opcheck(gates):
+    """Schema, fake (meta) implementation and dispatch of the registered op."""
+    lay, ut, vb, gt, _ = _block_inputs(1, 100, 2, 1, 16, 8, 32, gates, None, torch.float32)
+    gl, G = (None, None) if gt is None else (gt.gl.contiguous(), gt.G.contiguous())
+    args = (ut.qt.contiguous(), ut.kt.contiguous(), ut.pt.contiguous(),
+            ut.s_diag.contiguous(), vb, predecessors(lay), gl, G)
+    torch.library.opcheck(torch.ops.pathattn_cpu.scan_fwd.default, args)
+    o, lse = torch.ops.pathattn_cpu.scan_fwd(*args)
+    do = torch.randn_like(o)
+    torch.library.opcheck(torch.ops.pathattn_cpu.scan_bwd.default,
+                          args + (do, lse, (do * o).sum(-1)))
