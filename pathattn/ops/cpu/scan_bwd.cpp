@@ -3,8 +3,9 @@
 // Gradients of the key side (dK~, dV, dPt and the gate column sums) of a key block collect
 // contributions from every later query block of its sequence, so a task owns one
 // (sequence, KV head) pair: it is the only writer of that pair's key-side gradients and
-// needs no atomics or per-thread copies. Tasks go longest sequence first from an atomic
-// counter. For each query block a of its sequence, a task
+// needs no atomics. Tasks go longest sequence first from an atomic counter. With fewer
+// pairs than threads, each pair's query blocks are split over a few replicas with private
+// key-side gradients, summed at the end. For each query block a of its sequence, a task
 //
 //   diagonal:  P = exp(S_diag - lse), dV_a += P^T dO_a, dS = P * (dO_a V_a^T - delta)
 //              (stored as ds_diag[a]; its column sums feed the gate gradient)
@@ -148,8 +149,8 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
 }
 
 template <typename T>
-void run_all(BwdArgs<T> A) {
-  const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D;
+void run_all(const BwdArgs<T>& A) {
+  const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   // the last block of every sequence: no block has it as predecessor; in scan order the
   // last blocks of longer sequences come first
   std::vector<char> has_next(NB, 0);
@@ -158,10 +159,29 @@ void run_all(BwdArgs<T> A) {
   std::vector<int64_t> lasts;
   for (int64_t a = 0; a < NB; ++a)
     if (!has_next[a]) lasts.push_back(a);
-  const int64_t n_tasks = static_cast<int64_t>(lasts.size()) * H;
+  int64_t longest = 0;  // blocks in the longest sequence
+  for (int64_t a = lasts.empty() ? -1 : lasts[0]; a >= 0; a = A.pred[a]) ++longest;
+  // Fewer (sequence, head) pairs than threads: split each pair's query blocks over `reps`
+  // replicas, each with private key-side gradients, summed at the end.
+  const int64_t n_pairs = static_cast<int64_t>(lasts.size()) * H;
+  const int64_t n_threads = at::get_num_threads();
+  const int64_t reps = n_pairs >= n_threads ? 1
+      : std::max<int64_t>(1, std::min<int64_t>((n_threads + n_pairs - 1) / n_pairs, longest));
+  const int64_t sizes[4] = {NB * H * C * D, NB * H * D * D, NB * H * C * Dv,
+                            A.dcol != nullptr ? NB * R : 0};
+  std::vector<std::vector<T>> extra(reps > 1 ? (reps - 1) * 4 : 0);
+  std::vector<BwdArgs<T>> args(reps, A);
+  for (int64_t j = 1; j < reps; ++j) {
+    T** dst[4] = {&args[j].dkt, &args[j].dpt, &args[j].dv, &args[j].dcol};
+    for (int q = 0; q < 4; ++q) {
+      auto& buf = extra[(j - 1) * 4 + q];
+      buf.assign(sizes[q], T(0));
+      *dst[q] = sizes[q] ? buf.data() : nullptr;
+    }
+  }
+  const int64_t n_tasks = n_pairs * reps;
   std::atomic<int64_t> counter{0};
-  const int64_t n_workers =
-      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_tasks));
+  const int64_t n_workers = std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks));
   at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
     Work<T> W;
     W.S.resize(R * C);
@@ -169,10 +189,22 @@ void run_all(BwdArgs<T> A) {
     W.g.resize(R * D);
     W.g_next.resize(R * D);
     for (int64_t t = counter++; t < n_tasks; t = counter++) {
-      const int64_t h = t % H;
-      for (int64_t a = lasts[t / H]; a >= 0; a = A.pred[a]) query_block<T>(A, a, h, W);
+      const int64_t pair = t / reps, j = t % reps, h = pair % H;
+      int64_t idx = 0;  // position of a in its sequence's chain, from the last block
+      for (int64_t a = lasts[pair / H]; a >= 0; a = A.pred[a], ++idx)
+        if (idx % reps == j) query_block<T>(args[j], a, h, W);
     }
   });
+  if (reps > 1) {  // outputs += replicas
+    T* outs[4] = {A.dkt, A.dpt, A.dv, A.dcol};
+    at::parallel_for(0, 4, 1, [&](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q)
+        for (int64_t j = 1; j < reps; ++j) {
+          const T* src = extra[(j - 1) * 4 + q].data();
+          for (int64_t e = 0; e < sizes[q]; ++e) outs[q][e] += src[e];
+        }
+    });
+  }
 }
 
 // ins = (qt, kt, pt, s_diag, vb, dout, lse, delta); outs = (dqt, dkt, dpt, ds_diag, dv,
