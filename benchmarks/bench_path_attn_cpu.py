@@ -23,6 +23,7 @@ Outputs: a table on stdout, plus a JSON file with all raw times and a PNG plot i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -37,6 +38,7 @@ from _env import load_average, system_info  # benchmarks/ is on sys.path
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pathattn import path_attn
+from pathattn.ops.cpu import load_kernels
 
 DEFAULT_SEQ_LENS = (1024, 2048, 4096, 8192)
 QUICK_SEQ_LENS = (256, 512)
@@ -62,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default 5 for T <= 4096, 3 above)")
     p.add_argument("--gates", action="store_true",
                    help="also time PaTH-FoX (path_attn with forget gates g)")
+    p.add_argument("--torch-scan", action="store_true",
+                   help="also time path_attn with the PyTorch scans instead of the fused C++ "
+                        "kernels (PATHATTN_CPU_KERNEL=0), as candidate path_torch_scan")
     p.add_argument("--block-size", type=int, default=None,
                    help="block_size passed to path_attn (default: the op's default)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"),
@@ -165,6 +170,32 @@ class Candidate:
             t.grad = None
 
 
+class TorchScanCandidate(Candidate):
+    """path_attn with PATHATTN_CPU_KERNEL=0 during the whole timed call (forward and
+    backward): the PyTorch scans instead of the fused C++ kernels."""
+
+    def fwd(self) -> None:
+        with _env("PATHATTN_CPU_KERNEL", "0"):
+            super().fwd()
+
+    def fwd_bwd(self) -> None:
+        with _env("PATHATTN_CPU_KERNEL", "0"):
+            super().fwd_bwd()
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = old
+
+
 def sdpa(q, k, v):
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -185,6 +216,8 @@ def build_candidates(x: dict[str, torch.Tensor], args: argparse.Namespace) -> li
     if args.gates:
         fox = {**pa, "g": x["g"]}
         cands.append(Candidate("path_fox", path, fox, tuple(fox), x["do"]))
+    if args.torch_scan:
+        cands.append(TorchScanCandidate("path_torch_scan", path, pa, tuple(pa), x["do"]))
     return cands
 
 
@@ -263,6 +296,8 @@ def format_table(results: list[dict], name: str) -> str:
 
 def print_header(info: dict, args: argparse.Namespace) -> None:
     print(f"torch {info['torch']} | threads {info['threads']} | CPU: {info['cpu']}")
+    kernel = "fused C++ kernels" if load_kernels() else "PyTorch scans (no C++ kernel)"
+    print(f"path_attn scans: {kernel}")
     bs = "default" if args.block_size is None else args.block_size
     print(f"B=1 H=HQ={args.heads} D={args.dim} float32 causal | block_size={bs} | "
           f"times in ms: min over repeats (ratios: path/sdpa of minima, median in parens)")
