@@ -13,7 +13,8 @@ separate functions; this module only dispatches):
     otherwise                                training path (cu_seqlens packing, gradient
                                              checkpointing); right padding needs no mask
 
-use_cache defaults to config.use_cache in eval mode and False in training mode.
+use_cache defaults to config.use_cache in eval mode and False in training mode or with
+cu_seqlens (a packed batch is scored, not continued).
 attention_mask (1 = token, 0 = padding) may pad on the left (generation) or on the right
 (training batches); padding inside a row is rejected. position_ids are accepted and
 ignored: PaTH has no position ids, and the RoPE baseline counts positions from the first
@@ -142,7 +143,8 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
             input_ids: int [B, T] token ids in [0, vocab_size).
             attention_mask: None or [B, T] 0 / 1 (left or right padding).
             past_key_values: None, or a PaTHGenerationCache (empty: filled by this call).
-            use_cache: return a cache (default: config.use_cache when not training).
+            use_cache: return a cache (default: config.use_cache when not training and no
+                cu_seqlens is given).
             cu_seqlens: int [N + 1] packed sequence boundaries (B == 1), training path only.
             inputs_embeds: not supported (PaTH's w and beta are computed from the hidden
                 states inside each layer, but the cache needs token ids): ValueError.
@@ -183,8 +185,8 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
         """A whole sequence -> (hidden [B, T, hidden], cache or None)."""
         B, T = input_ids.shape
         side = padding_side(attention_mask, B, T)
-        want_cache = cache is not None or (
-            use_cache if use_cache is not None else self.config.use_cache and not self.training)
+        default_cache = self.config.use_cache and not self.training and cu_seqlens is None
+        want_cache = cache is not None or (use_cache if use_cache is not None else default_cache)
         if want_cache and side == "right":
             if use_cache or cache is not None:
                 raise ValueError("attention_mask pads on the right; a cache for generation "

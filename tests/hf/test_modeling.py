@@ -140,6 +140,23 @@ def test_packed_batch_equals_padded_batch(attn_type):
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
+def test_packed_batch_in_eval_mode_needs_no_use_cache_flag(attn_type):
+    """eval() turns use_cache on by default; a packed batch then takes the no-cache path
+    (it used to raise unless use_cache=False was passed) and scores like separate rows."""
+    model = make_model(attn_type, seed=4).eval()
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randint(0, V, (7,), generator=g), torch.randint(0, V, (4,), generator=g)
+    packed = torch.cat([a, b])[None]
+    cu = torch.tensor([0, 7, 11], dtype=torch.int32)
+    with torch.no_grad():
+        out = model(input_ids=packed, cu_seqlens=cu)
+        assert out.past_key_values is None
+        torch.testing.assert_close(out.logits[0, :7], model(input_ids=a[None]).logits[0])
+        torch.testing.assert_close(out.logits[0, 7:], model(input_ids=b[None]).logits[0])
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            model(input_ids=packed, cu_seqlens=cu, use_cache=True)
+
+
 def test_gradient_checkpointing_same_loss_and_grads(attn_type):
     model = make_model(attn_type, seed=5).train()
     ids = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(6))
