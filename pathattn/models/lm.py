@@ -254,7 +254,8 @@ class PaTHLM(DecoderTrunk, nn.Module):
                 PaTH short conv) crosses a boundary.
 
         Returns (logits [B, T, V] float in the parameters' dtype, loss): loss is the mean
-        cross-entropy (float32 math) over the scored positions, or None without labels.
+        cross-entropy (float32 math, float64 for a float64 model) over the scored positions,
+        or None without labels.
         """
         check_ids("input_ids", input_ids, self.config.vocab_size)
         if labels is not None:
@@ -263,7 +264,8 @@ class PaTHLM(DecoderTrunk, nn.Module):
         loss = None
         if labels is not None:
             V = logits.shape[-1]
-            loss = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1).long(),
+            dtype = torch.promote_types(logits.dtype, torch.float32)
+            loss = F.cross_entropy(logits.to(dtype).reshape(-1, V), labels.reshape(-1).long(),
                                    ignore_index=IGNORE_INDEX)
         return logits, loss
 

@@ -180,6 +180,18 @@ def test_loss_is_mean_over_scored_positions():
     assert model(ids)[1] is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_loss_dtype_follows_the_model(dtype):
+    """float32 math for float32 (and lower) models, float64 for a float64 model."""
+    model = make_model("path").to(dtype)
+    ids = torch.randint(0, 32, (2, 6))
+    logits, loss = model(ids, next_token_labels(ids))
+    assert loss.dtype == dtype
+    ref = torch.nn.functional.cross_entropy(logits.double().reshape(-1, logits.shape[-1]),
+                                            next_token_labels(ids).reshape(-1))
+    assert abs(float(loss) - float(ref)) <= (1e-6 if dtype == torch.float32 else 1e-14)
+
+
 # ---------------------------------------------------------- weights and state dict
 
 
