@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ..ops.blockwise import block_growth
-from ..ops.cpu import scan_backward, scan_forward
+from ..ops.cpu import scan_backward, scan_forward, ut_forward
 from ..ops.function import _blocks, _kv_blocks, _row_blocks, _rows_to_tokens, compute_dtype
 from ..ops.gates import block_gates, gate_grad
 from ..ops.layout import from_blocks, make_layout
@@ -72,7 +72,7 @@ def _local_forward(q, k, w, beta, v, g, scale: float, C: int):
     qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
     vb = _kv_blocks(v, lay, cd)
     gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
-    ut = block_ut(qb, kb, wb, bb, scale)
+    ut = ut_forward(qb, kb, wb, bb, scale)
     terms = shard_terms(lay, ut, B, T, HQ)
     o_rows, lse_rows = scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
                                     block_growth(wb, bb))

@@ -13,7 +13,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .blockwise import block_growth
-from .cpu import scan_backward, scan_forward
+from .cpu import scan_backward, scan_forward, ut_forward
 from .gates import block_gates, gate_grad
 from .layout import BlockLayout, from_blocks, to_blocks
 from .ut import block_ut
@@ -59,7 +59,7 @@ def _blocks(q, k, w, beta, lay: BlockLayout, cd):
 def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float):
     """UT transform and forward scan of block tensors (one head group). Returns o_rows
     [NB, H, R, Dv] and lse [NB, H, R]."""
-    ut = block_ut(qb, kb, wb, bb, scale)
+    ut = ut_forward(qb, kb, wb, bb, scale)
     return scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, block_growth(wb, bb))
 
 
@@ -159,7 +159,7 @@ def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
     H, D, Dv = k.shape[2], k.shape[3], v.shape[-1]
     cd = compute_dtype(q.dtype)
     qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
-    ut = block_ut(qb, kb, wb, bb, scale)
+    ut = ut_forward(qb, kb, wb, bb, scale)
     vb = _kv_blocks(v, lay, cd)
     gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
     o_rows, _ = scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,

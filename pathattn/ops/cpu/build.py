@@ -1,4 +1,4 @@
-"""Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp) with
+"""Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp, ut_fwd.cpp) with
 torch.utils.cpp_extension.
 
 The kernel is compiled on first use (about 10 s; cached under torch's extension directory,
@@ -25,7 +25,7 @@ import torch
 __all__ = ["load_kernels", "kernel_enabled"]
 
 _HERE = Path(__file__).parent
-_SOURCES = [_HERE / "scan_fwd.cpp", _HERE / "scan_bwd.cpp"]  # + common.h, included
+_SOURCES = [_HERE / n for n in ("scan_fwd.cpp", "scan_bwd.cpp", "ut_fwd.cpp")]  # + common.h
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool once a build was tried, "error": its message
 
@@ -95,6 +95,12 @@ def _register_fake() -> None:
     def _(qt, kt, pt, s_diag, vb, pred, gl, G):
         NB, H, R, _ = qt.shape
         return qt.new_empty(NB, H, R, vb.shape[-1]), qt.new_empty(NB, H, R)
+
+    @torch.library.register_fake("pathattn_cpu::ut_fwd")
+    def _(qb, kb, wb, bb, scale, sub_block):
+        NB, H, Gr, C, D = qb.shape
+        return (qb.new_empty(NB, H, Gr * C, D), torch.empty_like(kb), qb.new_empty(NB, H, D, D),
+                qb.new_empty(NB, H, Gr * C, C))
 
     @torch.library.register_fake("pathattn_cpu::scan_bwd")
     def _(qt, kt, pt, s_diag, vb, pred, gl, G, dout, lse, delta):

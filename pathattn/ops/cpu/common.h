@@ -25,19 +25,19 @@ namespace pathattn_cpu {
 
 inline constexpr double kExpCutoff = -64.0;  // as _EXP_CUTOFF in blockwise.py
 
-// Row-major C [M, N] = op(A) [M, K] @ op(B) [K, N] (+ C when accumulate). op(A) is A
+// Row-major C [M, N] = alpha op(A) [M, K] @ op(B) [K, N] (+ C when accumulate). op(A) is A
 // stored [M, K], or A^T with A stored [K, M] when a_t; likewise op(B) for b_t. lda, ldb, ldc
 // are the row strides of the stored matrices.
 template <typename T>
 inline void gemm_rm(int M, int N, int K, const T* A, int lda, bool a_t, const T* B, int ldb,
-                    bool b_t, T* Cm, int ldc, bool accumulate) {
+                    bool b_t, T* Cm, int ldc, bool accumulate, T alpha = T(1)) {
   // column-major view of the same memory: C^T [N, M] = op(B)^T [N, K] @ op(A)^T [K, M]
   const char tb = b_t ? 'T' : 'N', ta = a_t ? 'T' : 'N';
-  const T one = 1, beta = accumulate ? 1 : 0;
+  const T beta = accumulate ? 1 : 0;
   if constexpr (std::is_same_v<T, float>) {
-    sgemm_(&tb, &ta, &N, &M, &K, &one, B, &ldb, A, &lda, &beta, Cm, &ldc);
+    sgemm_(&tb, &ta, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, Cm, &ldc);
   } else {
-    dgemm_(&tb, &ta, &N, &M, &K, &one, B, &ldb, A, &lda, &beta, Cm, &ldc);
+    dgemm_(&tb, &ta, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, Cm, &ldc);
   }
 }
 

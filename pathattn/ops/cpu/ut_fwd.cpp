@@ -1,0 +1,221 @@
+// Fused CPU UT transform (forward only): ut.block_ut in C++, for the scans' inputs.
+//
+// One task per (block n, KV head h). For each sub-block i of c tokens (W, K, Q, beta):
+//
+//   A   = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)      (forward substitution)
+//   q~_i = Q - tril(Q W^T) A W,   s_i = Q K^T - tril(Q W^T) A strictLower(W K^T)
+//   k~_i = K - (A strictLower(W K^T))^T W,   pt_i = I - W^T A W
+//
+// and the m = C / c sub-blocks are combined as the scan combines blocks (ut.py's pairwise
+// merges give the same numbers up to rounding):
+//
+//   Q~ rows of i   = q~_i pt_{i-1} ... pt_0           (state walked right to left)
+//   S[i, j < i]    = q~_i pt_{i-1} ... pt_{j+1} k~_j^T, S[i, i] = s_i, S[i, j > i] = 0
+//   K~ rows of i   = k~_i pt_{i+1}^T ... pt_{m-1}^T
+//   Pt             = pt_{m-1} ... pt_0
+//
+// Inputs qb [NB, H, Gr, C, D] (unscaled), kb, wb [NB, H, C, D], bb [NB, H, C]; returns
+// (qt = scale Q~ [NB, H, Gr*C, D], kt [NB, H, C, D], pt [NB, H, D, D],
+//  s_diag = scale S [NB, H, Gr*C, C]) as `ut.BlockUT`.
+
+#include "common.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using namespace pathattn_cpu;
+
+template <typename T>
+struct UTArgs {
+  const T *qb, *kb, *wb, *bb;
+  T *qt, *kt, *pt, *s;
+  int64_t H, Gr, C, D, c;
+  T scale;
+};
+
+template <typename T>
+struct UTWork {
+  std::vector<T> q, k, p, sd;             // per sub-block: q~ [Gr][m][c, D], k~, pt, s
+  std::vector<T> X, A, AW, M, QW, R, R2, state, state2;
+};
+
+// Unit lower-triangular solve: X = (I + L)^{-1}, L [c, c] strictly lower (row-major).
+template <typename T>
+void unit_lower_inverse(const T* L, T* X, int64_t c) {
+  std::fill(X, X + c * c, T(0));
+  for (int64_t r = 0; r < c; ++r) {
+    T* xr = X + r * c;
+    xr[r] = 1;
+    for (int64_t t = 0; t < r; ++t) {
+      const T l = L[r * c + t];
+      if (l == T(0)) continue;
+      const T* xt = X + t * c;
+      for (int64_t e = 0; e <= t; ++e) xr[e] -= l * xt[e];
+    }
+  }
+}
+
+template <typename T>
+void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
+  const int64_t H = U.H, Gr = U.Gr, C = U.C, D = U.D, c = U.c, m = C / c;
+  const int64_t nh = n * H + h;
+  const T* Wb = U.wb + nh * C * D;
+  const T* Kb = U.kb + nh * C * D;
+  const T* Bb = U.bb + nh * C;
+  T* X = W.X.data();
+  T* A = W.A.data();
+  T* AW = W.AW.data();
+  T* M = W.M.data();
+  T* QW = W.QW.data();
+  auto qsub = [&](int64_t g, int64_t i) { return W.q.data() + (g * m + i) * c * D; };
+  auto ssub = [&](int64_t g, int64_t i) { return W.sd.data() + (g * m + i) * c * c; };
+
+  // ---- per sub-block UT terms
+  for (int64_t i = 0; i < m; ++i) {
+    const T* Wi = Wb + i * c * D;
+    const T* Ki = Kb + i * c * D;
+    const T* bi = Bb + i * c;
+    // L = strictLower(diag(beta) W W^T) in A (scratch), X = (I + L)^{-1}
+    gemm_rm<T>(c, c, D, Wi, D, false, Wi, D, true, A, c, false);
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = 0; t < c; ++t) A[r * c + t] = t < r ? bi[r] * A[r * c + t] : T(0);
+    unit_lower_inverse<T>(A, X, c);
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = 0; t < c; ++t) A[r * c + t] = X[r * c + t] * bi[t];
+    gemm_rm<T>(c, D, c, A, c, false, Wi, D, false, AW, D, false);  // A W
+    gemm_rm<T>(c, c, D, Wi, D, false, Ki, D, true, X, c, false);  // W K^T
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = r; t < c; ++t) X[r * c + t] = 0;  // strictLower
+    gemm_rm<T>(c, c, c, A, c, false, X, c, false, M, c, false);  // M = A strictLower(W K^T)
+    T* ki = W.k.data() + i * c * D;
+    std::memcpy(ki, Ki, sizeof(T) * c * D);
+    gemm_rm<T>(c, D, c, M, c, true, Wi, D, false, ki, D, true, T(-1));  // K - M^T W
+    T* pi = W.p.data() + i * D * D;
+    std::fill(pi, pi + D * D, T(0));
+    for (int64_t e = 0; e < D; ++e) pi[e * D + e] = 1;
+    gemm_rm<T>(D, D, c, Wi, D, true, AW, D, false, pi, D, true, T(-1));  // I - W^T A W
+    for (int64_t g = 0; g < Gr; ++g) {
+      const T* Qi = U.qb + ((nh * Gr + g) * C + i * c) * D;
+      T* qi = qsub(g, i);
+      for (int64_t e = 0; e < c * D; ++e) qi[e] = Qi[e] * U.scale;
+      gemm_rm<T>(c, c, D, qi, D, false, Wi, D, true, QW, c, false);  // Q W^T
+      for (int64_t r = 0; r < c; ++r)
+        for (int64_t t = r + 1; t < c; ++t) QW[r * c + t] = 0;  // tril
+      T* si = ssub(g, i);
+      gemm_rm<T>(c, c, D, qi, D, false, Ki, D, true, si, c, false);  // Q K^T
+      gemm_rm<T>(c, c, c, QW, c, false, M, c, false, si, c, true, T(-1));
+      gemm_rm<T>(c, D, c, QW, c, false, AW, D, false, qi, D, true, T(-1));  // Q~
+    }
+  }
+
+  // ---- combine the sub-blocks
+  T* st = W.state.data();
+  T* st2 = W.state2.data();
+  for (int64_t g = 0; g < Gr; ++g) {
+    T* Srows = U.s + (nh * Gr + g) * C * C;  // [C, C] of this head's rows
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t r = 0; r < c; ++r) {
+        T* row = Srows + (i * c + r) * C;
+        std::memcpy(row + i * c, ssub(g, i) + r * c, sizeof(T) * c);
+        std::fill(row + (i + 1) * c, row + C, T(0));
+      }
+      std::memcpy(st, qsub(g, i), sizeof(T) * c * D);
+      for (int64_t j = i - 1; j >= 0; --j) {
+        gemm_rm<T>(c, c, D, st, D, false, W.k.data() + j * c * D, D, true,
+                   Srows + i * c * C + j * c, C, false);
+        gemm_rm<T>(c, D, D, st, D, false, W.p.data() + j * D * D, D, false, st2, D, false);
+        std::swap(st, st2);
+      }
+      std::memcpy(U.qt + ((nh * Gr + g) * C + i * c) * D, st, sizeof(T) * c * D);
+    }
+  }
+  // K~ rows of i = k~_i R_i with R_i = pt_{i+1}^T ... pt_{m-1}^T; R_{-1} = Pt^T
+  T* R = W.R.data();
+  T* R2 = W.R2.data();
+  std::fill(R, R + D * D, T(0));
+  for (int64_t e = 0; e < D; ++e) R[e * D + e] = 1;
+  for (int64_t i = m - 1; i >= 0; --i) {
+    T* out = U.kt + (nh * C + i * c) * D;
+    if (i == m - 1) {
+      std::memcpy(out, W.k.data() + i * c * D, sizeof(T) * c * D);
+    } else {
+      gemm_rm<T>(c, D, D, W.k.data() + i * c * D, D, false, R, D, false, out, D, false);
+    }
+    gemm_rm<T>(D, D, D, W.p.data() + i * D * D, D, true, R, D, false, R2, D, false);
+    std::swap(R, R2);
+  }
+  T* P = U.pt + nh * D * D;  // Pt = R_{-1}^T
+  for (int64_t r = 0; r < D; ++r)
+    for (int64_t e = 0; e < D; ++e) P[r * D + e] = R[e * D + r];
+}
+
+template <typename T>
+void run_ut(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb,
+            const at::Tensor& bb, at::Tensor& qt, at::Tensor& kt, at::Tensor& pt,
+            at::Tensor& s, double scale, int64_t c) {
+  const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
+  const int64_t D = qb.size(4), m = C / c;
+  UTArgs<T> U{qb.data_ptr<T>(), kb.data_ptr<T>(), wb.data_ptr<T>(), bb.data_ptr<T>(),
+              qt.data_ptr<T>(), kt.data_ptr<T>(), pt.data_ptr<T>(), s.data_ptr<T>(),
+              H, Gr, C, D, c, static_cast<T>(scale)};
+  at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
+    UTWork<T> W;
+    W.q.resize(Gr * C * D);
+    W.k.resize(C * D);
+    W.p.resize(m * D * D);
+    W.sd.resize(Gr * m * c * c);
+    W.X.resize(c * c);
+    W.A.resize(c * c);
+    W.AW.resize(c * D);
+    W.M.resize(c * c);
+    W.QW.resize(c * c);
+    W.R.resize(D * D);
+    W.R2.resize(D * D);
+    W.state.resize(c * D);
+    W.state2.resize(c * D);
+    for (int64_t t = t0; t < t1; ++t) ut_task<T>(U, t / H, t % H, W);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
+    const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb, const at::Tensor& bb,
+    double scale, int64_t sub_block) {
+  const char* op = "ut_fwd";
+  const auto dt = qb.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
+  check_input(op, qb, "qb", 5, dt);
+  check_input(op, kb, "kb", 4, dt);
+  check_input(op, wb, "wb", 4, dt);
+  check_input(op, bb, "bb", 3, dt);
+  const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
+  const int64_t D = qb.size(4), c = sub_block;
+  TORCH_CHECK(kb.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": kb shape");
+  TORCH_CHECK(wb.sizes() == kb.sizes(), op, ": wb shape");
+  TORCH_CHECK(bb.sizes() == at::IntArrayRef({NB, H, C}), op, ": bb shape");
+  TORCH_CHECK(c >= 1 && C % c == 0, op, ": sub_block must divide the block size");
+  auto qt = at::empty({NB, H, Gr * C, D}, qb.options());
+  auto kt = at::empty({NB, H, C, D}, qb.options());
+  auto pt = at::empty({NB, H, D, D}, qb.options());
+  auto s = at::empty({NB, H, Gr * C, C}, qb.options());
+  if (dt == at::kFloat) {
+    run_ut<float>(qb, kb, wb, bb, qt, kt, pt, s, scale, c);
+  } else {
+    run_ut<double>(qb, kb, wb, bb, qt, kt, pt, s, scale, c);
+  }
+  return std::make_tuple(qt, kt, pt, s);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pathattn_cpu, m) {
+  m.def("ut_fwd(Tensor qb, Tensor kb, Tensor wb, Tensor bb, float scale, int sub_block) -> "
+        "(Tensor, Tensor, Tensor, Tensor)");
+  m.impl("ut_fwd", c10::DispatchKey::CPU, TORCH_FN(ut_fwd));
+}

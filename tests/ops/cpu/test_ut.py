@@ -1,0 +1,77 @@
+"""The fused CPU UT transform (ut_fwd.cpp) against `ut.block_ut` on the same blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pathattn.ops.cpu import fused_block_ut, load_kernels, ut_forward
+from pathattn.ops.ut import block_ut
+
+pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
+
+
+def _blocks(NB, H, Gr, C, D, dtype, special=""):
+    gen = torch.Generator().manual_seed(0)
+    qb = torch.randn(NB, H, Gr, C, D, generator=gen).to(dtype)
+    kb = torch.randn(NB, H, C, D, generator=gen).to(dtype)
+    wb = F.normalize(torch.randn(NB, H, C, D, generator=gen), dim=-1).to(dtype)
+    bb = (2 * torch.rand(NB, H, C, generator=gen)).to(dtype)
+    if special == "beta0or2":  # singular transforms (beta = 2 on unit w: reflections)
+        bb = 2.0 * (torch.rand(NB, H, C, generator=gen) < 0.5).to(dtype)
+    if special == "w_big":  # expanding transforms
+        wb = wb * (1 + 0.5 * torch.rand(NB, H, C, 1, generator=gen)).to(dtype)
+    return qb, kb, wb, bb
+
+
+CASES = [  # NB, H, Gr, C, D, sub_block, special
+    (3, 2, 2, 64, 16, None, ""),
+    (2, 1, 1, 48, 24, None, ""),
+    (2, 2, 3, 64, 48, 16, ""),
+    (4, 2, 1, 128, 64, None, "beta0or2"),
+    (2, 1, 2, 128, 128, None, "w_big"),
+    (2, 2, 1, 32, 8, 32, ""),
+    (1, 1, 1, 16, 20, 4, ""),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_fused_ut_matches_block_ut(case, dtype):
+    NB, H, Gr, C, D, sub, special = case
+    qb, kb, wb, bb = _blocks(NB, H, Gr, C, D, dtype, special)
+    ours = fused_block_ut(qb, kb, wb, bb, 0.3, sub)
+    ref = block_ut(qb, kb, wb, bb, 0.3, sub)
+    tol = {torch.float32: 2e-5, torch.float64: 1e-12}[dtype]
+    lower = torch.ones(C, C, dtype=torch.bool).tril().repeat(Gr, 1)  # [Gr * C, C]
+    for name in ref._fields:
+        x, r = getattr(ours, name), getattr(ref, name)
+        assert x.shape == r.shape and x.dtype == dtype, name
+        if name == "s_diag":  # defined for j <= i; the scans mask the rest
+            x, r = x[..., lower], r[..., lower]
+        err = float((x - r).abs().max() / r.abs().max())
+        assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
+
+
+def test_s_diag_is_zero_above_the_diagonal_sub_blocks():
+    qb, kb, wb, bb = _blocks(2, 1, 1, 64, 16, torch.float64)
+    s = fused_block_ut(qb, kb, wb, bb, 1.0, 16).s_diag  # [2, 1, 64, 64]
+    block = torch.arange(64) // 16
+    assert (s[..., block[:, None] < block[None, :]] == 0).all()
+
+
+def test_ut_forward_differentiates_block_ut_when_grads_are_needed():
+    qb, kb, wb, bb = _blocks(2, 1, 1, 32, 16, torch.float32)
+    wb.requires_grad_()
+    ut = ut_forward(qb, kb, wb, bb, 1.0)
+    assert ut.qt.grad_fn is not None  # the PyTorch graph
+    with torch.no_grad():
+        assert ut_forward(qb, kb, wb, bb, 1.0).qt.grad_fn is None
+
+
+def test_opcheck():
+    qb, kb, wb, bb = _blocks(2, 2, 2, 32, 16, torch.float32)
+    torch.library.opcheck(torch.ops.pathattn_cpu.ut_fwd.default, (qb, kb, wb, bb, 0.5, 16))
+    with pytest.raises(RuntimeError, match="sub_block"):
+        torch.ops.pathattn_cpu.ut_fwd(qb, kb, wb, bb, 0.5, 24)
