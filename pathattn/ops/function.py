@@ -13,7 +13,14 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .blockwise import block_growth
-from .cpu import scan_backward, scan_forward, ut_forward
+from .cpu import (
+    fused_block_ut,
+    fused_scan_applies,
+    scan_backward,
+    scan_forward,
+    ut_backward,
+    ut_forward,
+)
 from .gates import block_gates, gate_grad
 from .layout import BlockLayout, from_blocks, to_blocks
 from .ut import block_ut
@@ -66,12 +73,20 @@ def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float):
 def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_rows, lse,
                      scale: float):
     """Gradients with respect to the block tensors (one head group): dqb, dkb, dwb, dbb,
-    dvb and the gate column sums (or None)."""
+    dvb and the gate column sums (or None). The UT transform is differentiated by the fused
+    CPU kernel where it applies, by autograd through `block_ut` otherwise."""
+    delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
+    if fused_scan_applies(qb):
+        ut = fused_block_ut(qb, kb, wb, bb, scale)
+        grads = scan_backward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, do_rows, lse,
+                              delta)
+        dqb, dkb, dwb, dbb = ut_backward(qb, kb, wb, bb, scale, grads.dqt, grads.dkt,
+                                         grads.dpt, grads.ds_diag)
+        return dqb, dkb, dwb, dbb, grads.dv, grads.dgate_col
     leaves = [x.detach().requires_grad_() for x in (qb, kb, wb, bb)]
     with torch.enable_grad():
         ut = block_ut(*leaves, scale)
     with torch.no_grad():
-        delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
         grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
                               ut.s_diag.detach(), vb, gates, do_rows, lse, delta)
     dqb, dkb, dwb, dbb = torch.autograd.grad(

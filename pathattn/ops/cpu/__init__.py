@@ -1,5 +1,5 @@
-"""Fused C++ kernels for the CPU: the forward and backward scans and the forward UT
-transform (built just in time; see `build`)."""
+"""Fused C++ kernels for the CPU: the forward and backward scans and the UT transform with
+its gradient (built just in time; see `build`)."""
 
 from .build import kernel_enabled, load_kernels
 from .scan import (
@@ -10,8 +10,8 @@ from .scan import (
     scan_backward,
     scan_forward,
 )
-from .ut import fused_block_ut, ut_forward
+from .ut import fused_block_ut, ut_backward, ut_forward
 
 __all__ = ["kernel_enabled", "load_kernels", "fused_forward_scan", "fused_backward_scan",
            "fused_scan_applies", "predecessors", "scan_forward", "scan_backward",
-           "fused_block_ut", "ut_forward"]
+           "fused_block_ut", "ut_forward", "ut_backward"]

@@ -1,5 +1,5 @@
-"""Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp, ut_fwd.cpp) with
-torch.utils.cpp_extension.
+"""Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp, ut_fwd.cpp,
+ut_bwd.cpp; common.h and ut_common.h included) with torch.utils.cpp_extension.
 
 The kernel is compiled on first use (about 10 s; cached under torch's extension directory,
 TORCH_EXTENSIONS_DIR) for the instruction set torch reports for this CPU, and registered as
@@ -25,7 +25,7 @@ import torch
 __all__ = ["load_kernels", "kernel_enabled"]
 
 _HERE = Path(__file__).parent
-_SOURCES = [_HERE / n for n in ("scan_fwd.cpp", "scan_bwd.cpp", "ut_fwd.cpp")]  # + common.h
+_SOURCES = [_HERE / n for n in ("scan_fwd.cpp", "scan_bwd.cpp", "ut_fwd.cpp", "ut_bwd.cpp")]
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool once a build was tried, "error": its message
 
@@ -101,6 +101,11 @@ def _register_fake() -> None:
         NB, H, Gr, C, D = qb.shape
         return (qb.new_empty(NB, H, Gr * C, D), torch.empty_like(kb), qb.new_empty(NB, H, D, D),
                 qb.new_empty(NB, H, Gr * C, C))
+
+    @torch.library.register_fake("pathattn_cpu::ut_bwd")
+    def _(qb, kb, wb, bb, scale, sub_block, dqt, dkt, dpt, ds):
+        return (torch.empty_like(qb), torch.empty_like(kb), torch.empty_like(wb),
+                torch.empty_like(bb))
 
     @torch.library.register_fake("pathattn_cpu::scan_bwd")
     def _(qt, kt, pt, s_diag, vb, pred, gl, G, dout, lse, delta):

@@ -1,6 +1,6 @@
-"""UT transform for the forward pass on the CPU: the fused kernel (ut_fwd.cpp) when it is
-available and no gradient is needed, `ut.block_ut` otherwise. Same arguments, same results
-(up to rounding; the backward pass always differentiates `ut.block_ut`)."""
+"""UT transform on the CPU: the fused kernels (ut_fwd.cpp, and ut_bwd.cpp for its gradient)
+when they are available, `ut.block_ut` (differentiated by autograd) otherwise. Same
+arguments, same results up to rounding."""
 
 from __future__ import annotations
 
@@ -9,15 +9,19 @@ import torch
 from ..ut import BlockUT, block_ut, sub_block_size, sub_block_target
 from .scan import fused_scan_applies
 
-__all__ = ["ut_forward", "fused_block_ut"]
+__all__ = ["ut_forward", "fused_block_ut", "ut_backward"]
+
+
+def _sub_block(qb, sub_block: int | None) -> int:
+    C, D = qb.shape[-2:]
+    return sub_block_size(C, sub_block_target(D)) if sub_block is None else sub_block
 
 
 def fused_block_ut(qb, kb, wb, bb, scale: float, sub_block: int | None = None) -> BlockUT:
-    """The fused kernel. qb [NB, H, Gr, C, D]; kb, wb [NB, H, C, D]; bb [NB, H, C]; one
-    dtype (float32 or float64). Returns `BlockUT` (s_diag zero above the diagonal's
-    sub-blocks)."""
-    C, D = qb.shape[-2:]
-    c = sub_block_size(C, sub_block_target(D)) if sub_block is None else sub_block
+    """The fused kernel (no autograd). qb [NB, H, Gr, C, D]; kb, wb [NB, H, C, D];
+    bb [NB, H, C]; one dtype (float32 or float64). Returns `BlockUT` (s_diag zero above the
+    diagonal's sub-blocks)."""
+    c = _sub_block(qb, sub_block)
     qt, kt, pt, s = torch.ops.pathattn_cpu.ut_fwd(
         qb.contiguous(), kb.contiguous(), wb.contiguous(), bb.contiguous(), float(scale), c)
     return BlockUT(qt=qt, kt=kt, pt=pt, s_diag=s)
@@ -31,3 +35,16 @@ def ut_forward(qb, kb, wb, bb, scale: float) -> BlockUT:
     if not needs_grad and fused_scan_applies(qb):
         return fused_block_ut(qb, kb, wb, bb, scale)
     return block_ut(qb, kb, wb, bb, scale)
+
+
+def ut_backward(qb, kb, wb, bb, scale: float, dqt, dkt, dpt, ds,
+                sub_block: int | None = None):
+    """Gradients (dqb, dkb, dwb, dbb) of the block tensors from those of `BlockUT`'s
+    fields (dqt, dkt, dpt, ds = d s_diag), by the fused kernel: what autograd through
+    `block_ut` gives, for the same sub-block length. ds is read on and left of the diagonal
+    sub-blocks (block_ut's s_diag is zero, with no gradient, right of them)."""
+    c = _sub_block(qb, sub_block)
+    dt = qb.dtype
+    return torch.ops.pathattn_cpu.ut_bwd(
+        qb.contiguous(), kb.contiguous(), wb.contiguous(), bb.contiguous(), float(scale), c,
+        *(x.to(dt).contiguous() for x in (dqt, dkt, dpt, ds)))

@@ -18,7 +18,7 @@
 // (qt = scale Q~ [NB, H, Gr*C, D], kt [NB, H, C, D], pt [NB, H, D, D],
 //  s_diag = scale S [NB, H, Gr*C, C]) as `ut.BlockUT`.
 
-#include "common.h"
+#include "ut_common.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -42,25 +42,9 @@ struct UTArgs {
 
 template <typename T>
 struct UTWork {
-  std::vector<T> q, k, p, sd;             // per sub-block: q~ [Gr][m][c, D], k~, pt, s
-  std::vector<T> X, A, AW, M, QW, R, R2, state, state2;
+  std::vector<SubBlockUT<T>> sub;  // [m]
+  std::vector<T> R, R2, state, state2;
 };
-
-// Unit lower-triangular solve: X = (I + L)^{-1}, L [c, c] strictly lower (row-major).
-template <typename T>
-void unit_lower_inverse(const T* L, T* X, int64_t c) {
-  std::fill(X, X + c * c, T(0));
-  for (int64_t r = 0; r < c; ++r) {
-    T* xr = X + r * c;
-    xr[r] = 1;
-    for (int64_t t = 0; t < r; ++t) {
-      const T l = L[r * c + t];
-      if (l == T(0)) continue;
-      const T* xt = X + t * c;
-      for (int64_t e = 0; e <= t; ++e) xr[e] -= l * xt[e];
-    }
-  }
-}
 
 template <typename T>
 void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
@@ -69,51 +53,15 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
   const T* Wb = U.wb + nh * C * D;
   const T* Kb = U.kb + nh * C * D;
   const T* Bb = U.bb + nh * C;
-  T* X = W.X.data();
-  T* A = W.A.data();
-  T* AW = W.AW.data();
-  T* M = W.M.data();
-  T* QW = W.QW.data();
-  auto qsub = [&](int64_t g, int64_t i) { return W.q.data() + (g * m + i) * c * D; };
-  auto ssub = [&](int64_t g, int64_t i) { return W.sd.data() + (g * m + i) * c * c; };
+  auto qsub = [&](int64_t g, int64_t i) { return W.sub[i].q.data() + g * c * D; };
+  auto ssub = [&](int64_t g, int64_t i) { return W.sub[i].s.data() + g * c * c; };
+  auto ksub = [&](int64_t i) { return W.sub[i].k.data(); };
+  auto psub = [&](int64_t i) { return W.sub[i].p.data(); };
 
   // ---- per sub-block UT terms
-  for (int64_t i = 0; i < m; ++i) {
-    const T* Wi = Wb + i * c * D;
-    const T* Ki = Kb + i * c * D;
-    const T* bi = Bb + i * c;
-    // L = strictLower(diag(beta) W W^T) in A (scratch), X = (I + L)^{-1}
-    gemm_rm<T>(c, c, D, Wi, D, false, Wi, D, true, A, c, false);
-    for (int64_t r = 0; r < c; ++r)
-      for (int64_t t = 0; t < c; ++t) A[r * c + t] = t < r ? bi[r] * A[r * c + t] : T(0);
-    unit_lower_inverse<T>(A, X, c);
-    for (int64_t r = 0; r < c; ++r)
-      for (int64_t t = 0; t < c; ++t) A[r * c + t] = X[r * c + t] * bi[t];
-    gemm_rm<T>(c, D, c, A, c, false, Wi, D, false, AW, D, false);  // A W
-    gemm_rm<T>(c, c, D, Wi, D, false, Ki, D, true, X, c, false);  // W K^T
-    for (int64_t r = 0; r < c; ++r)
-      for (int64_t t = r; t < c; ++t) X[r * c + t] = 0;  // strictLower
-    gemm_rm<T>(c, c, c, A, c, false, X, c, false, M, c, false);  // M = A strictLower(W K^T)
-    T* ki = W.k.data() + i * c * D;
-    std::memcpy(ki, Ki, sizeof(T) * c * D);
-    gemm_rm<T>(c, D, c, M, c, true, Wi, D, false, ki, D, true, T(-1));  // K - M^T W
-    T* pi = W.p.data() + i * D * D;
-    std::fill(pi, pi + D * D, T(0));
-    for (int64_t e = 0; e < D; ++e) pi[e * D + e] = 1;
-    gemm_rm<T>(D, D, c, Wi, D, true, AW, D, false, pi, D, true, T(-1));  // I - W^T A W
-    for (int64_t g = 0; g < Gr; ++g) {
-      const T* Qi = U.qb + ((nh * Gr + g) * C + i * c) * D;
-      T* qi = qsub(g, i);
-      for (int64_t e = 0; e < c * D; ++e) qi[e] = Qi[e] * U.scale;
-      gemm_rm<T>(c, c, D, qi, D, false, Wi, D, true, QW, c, false);  // Q W^T
-      for (int64_t r = 0; r < c; ++r)
-        for (int64_t t = r + 1; t < c; ++t) QW[r * c + t] = 0;  // tril
-      T* si = ssub(g, i);
-      gemm_rm<T>(c, c, D, qi, D, false, Ki, D, true, si, c, false);  // Q K^T
-      gemm_rm<T>(c, c, c, QW, c, false, M, c, false, si, c, true, T(-1));
-      gemm_rm<T>(c, D, c, QW, c, false, AW, D, false, qi, D, true, T(-1));  // Q~
-    }
-  }
+  for (int64_t i = 0; i < m; ++i)
+    W.sub[i].compute(Wb + i * c * D, Kb + i * c * D, Bb + i * c,
+                     U.qb + (nh * Gr * C + i * c) * D, C * D, U.scale);
 
   // ---- combine the sub-blocks
   T* st = W.state.data();
@@ -128,9 +76,9 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
       }
       std::memcpy(st, qsub(g, i), sizeof(T) * c * D);
       for (int64_t j = i - 1; j >= 0; --j) {
-        gemm_rm<T>(c, c, D, st, D, false, W.k.data() + j * c * D, D, true,
+        gemm_rm<T>(c, c, D, st, D, false, ksub(j), D, true,
                    Srows + i * c * C + j * c, C, false);
-        gemm_rm<T>(c, D, D, st, D, false, W.p.data() + j * D * D, D, false, st2, D, false);
+        gemm_rm<T>(c, D, D, st, D, false, psub(j), D, false, st2, D, false);
         std::swap(st, st2);
       }
       std::memcpy(U.qt + ((nh * Gr + g) * C + i * c) * D, st, sizeof(T) * c * D);
@@ -144,11 +92,11 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
   for (int64_t i = m - 1; i >= 0; --i) {
     T* out = U.kt + (nh * C + i * c) * D;
     if (i == m - 1) {
-      std::memcpy(out, W.k.data() + i * c * D, sizeof(T) * c * D);
+      std::memcpy(out, ksub(i), sizeof(T) * c * D);
     } else {
-      gemm_rm<T>(c, D, D, W.k.data() + i * c * D, D, false, R, D, false, out, D, false);
+      gemm_rm<T>(c, D, D, ksub(i), D, false, R, D, false, out, D, false);
     }
-    gemm_rm<T>(D, D, D, W.p.data() + i * D * D, D, true, R, D, false, R2, D, false);
+    gemm_rm<T>(D, D, D, psub(i), D, true, R, D, false, R2, D, false);
     std::swap(R, R2);
   }
   T* P = U.pt + nh * D * D;  // Pt = R_{-1}^T
@@ -167,15 +115,8 @@ void run_ut(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb,
               H, Gr, C, D, c, static_cast<T>(scale)};
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
     UTWork<T> W;
-    W.q.resize(Gr * C * D);
-    W.k.resize(C * D);
-    W.p.resize(m * D * D);
-    W.sd.resize(Gr * m * c * c);
-    W.X.resize(c * c);
-    W.A.resize(c * c);
-    W.AW.resize(c * D);
-    W.M.resize(c * c);
-    W.QW.resize(c * c);
+    W.sub.resize(m);
+    for (auto& sb : W.sub) sb.resize(c, D, Gr);
     W.R.resize(D * D);
     W.R2.resize(D * D);
     W.state.resize(c * D);

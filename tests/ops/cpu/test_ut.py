@@ -1,4 +1,5 @@
-"""The fused CPU UT transform (ut_fwd.cpp) against `ut.block_ut` on the same blocks."""
+"""The fused CPU UT transform (ut_fwd.cpp) and its gradient (ut_bwd.cpp) against
+`ut.block_ut` and autograd through it, on the same blocks."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathattn.ops.cpu import fused_block_ut, load_kernels, ut_forward
+from pathattn.ops.cpu import fused_block_ut, load_kernels, ut_backward, ut_forward
 from pathattn.ops.ut import block_ut
 
 pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
@@ -54,6 +55,24 @@ def test_fused_ut_matches_block_ut(case, dtype):
         assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_fused_ut_gradient_matches_autograd(case, dtype):
+    NB, H, Gr, C, D, sub, special = case
+    qb, kb, wb, bb = _blocks(NB, H, Gr, C, D, dtype, special)
+    gen = torch.Generator().manual_seed(1)
+    cot = [torch.randn(shape, generator=gen).to(dtype) for shape in
+           ((NB, H, Gr * C, D), (NB, H, C, D), (NB, H, D, D), (NB, H, Gr * C, C))]
+    ours = ut_backward(qb, kb, wb, bb, 0.3, *cot, sub_block=sub)
+    leaves = [x.clone().requires_grad_() for x in (qb, kb, wb, bb)]
+    ref = torch.autograd.grad(list(block_ut(*leaves, 0.3, sub)), leaves, cot)
+    tol = {torch.float32: 2e-5, torch.float64: 1e-12}[dtype]
+    for name, x, r in zip(("q", "k", "w", "beta"), ours, ref, strict=True):
+        assert x.shape == r.shape and x.dtype == dtype, name
+        err = float((x - r).abs().max() / r.abs().max())
+        assert err < tol, f"d{name}: max error {err:.2e} relative to max |ref|"
+
+
 def test_s_diag_is_zero_above_the_diagonal_sub_blocks():
     qb, kb, wb, bb = _blocks(2, 1, 1, 64, 16, torch.float64)
     s = fused_block_ut(qb, kb, wb, bb, 1.0, 16).s_diag  # [2, 1, 64, 64]
@@ -75,3 +94,7 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.pathattn_cpu.ut_fwd.default, (qb, kb, wb, bb, 0.5, 16))
     with pytest.raises(RuntimeError, match="sub_block"):
         torch.ops.pathattn_cpu.ut_fwd(qb, kb, wb, bb, 0.5, 24)
+    qt, kt, pt, s = torch.ops.pathattn_cpu.ut_fwd(qb, kb, wb, bb, 0.5, 16)
+    grads = tuple(torch.randn_like(x) for x in (qt, kt, pt, s))
+    torch.library.opcheck(torch.ops.pathattn_cpu.ut_bwd.default,
+                          (qb, kb, wb, bb, 0.5, 16) + grads)

@@ -1,0 +1,272 @@
+// Fused CPU UT transform, backward: gradients of (qb, kb, wb, bb) from those of the block
+// quantities (qt, kt, pt, s_diag) of ut_fwd.cpp, by reverse-mode differentiation of its
+// steps (the forward terms of the block are recomputed first, one task per (block, head)).
+//
+// Combination of the sub-blocks, reversed:
+//   Pt = R_{-1}^T, R_{i-1} = pt_i^T R_i, K~_i = k~_i R_i:
+//       dpt_i += R_i dR_{i-1}^T,   dR_i = pt_i dR_{i-1} + k~_i^T dK~_i,   dk~_i += dK~_i R_i^T
+//   query chain of sub-block i (states st_j = q~_i pt_{i-1} ... pt_{j+1}, j = i-1 .. 0):
+//       g = dQ~_i; for j = 0 .. i-1:  dpt_j += st_j^T g,  dk~_j += dS_ij^T st_j,
+//                                      g <- g pt_j^T + dS_ij k~_j;        dq~_i = g
+// Sub-block terms, reversed (see ut_common.h for the forward):
+//   dQs = dq~ + ds K + tril(dQW) W,  dQW = -dq~ AW^T - ds M^T,  dAW = -QW^T dq~ - W dpt,
+//   dM = -QW^T ds - W dk~^T,  dK = ds^T Qs + dk~ + strictLower(dWKs)^T W,  dWKs = A^T dM,
+//   dA = dM WKs^T + dAW W^T,  dX = dA diag(beta),  dL = strictLower(-X^T dX X^T),
+//   dbeta_t = sum_r dA_rt X_rt + sum_t' dL_tt' WW_tt',  dWW = diag(beta) dL,
+//   dW = tril(dQW)^T Qs - AW dpt^T - M dk~ + strictLower(dWKs) K + A^T dAW + (dWW + dWW^T) W,
+//   dq = scale dQs.
+
+#include "ut_common.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using namespace pathattn_cpu;
+
+template <typename T>
+struct UTBwdArgs {
+  const T *qb, *kb, *wb, *bb, *dqt, *dkt, *dpt, *ds;
+  T *dqb, *dkb, *dwb, *dbb;
+  int64_t H, Gr, C, D, c;
+  T scale;
+};
+
+template <typename T>
+struct UTBwdWork {
+  std::vector<SubBlockUT<T>> sub;       // [m]
+  std::vector<T> R;                     // [m + 1] x [D, D]: R_{i} at index i + 1
+  std::vector<T> dk, dp, dq;            // [m][c, D], [m][D, D], [Gr][m][c, D]
+  std::vector<T> states, g, gn, dR, dR2;
+  std::vector<T> dQs, dQW, dAW, dM, dA, dX, tmp, dL;
+};
+
+template <typename T>
+void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
+  const int64_t H = U.H, Gr = U.Gr, C = U.C, D = U.D, c = U.c, m = C / c;
+  const int64_t nh = n * H + h;
+  const T* Wb = U.wb + nh * C * D;
+  const T* Kb = U.kb + nh * C * D;
+  const T* Bb = U.bb + nh * C;
+  for (int64_t i = 0; i < m; ++i)
+    W.sub[i].compute(Wb + i * c * D, Kb + i * c * D, Bb + i * c,
+                     U.qb + (nh * Gr * C + i * c) * D, C * D, U.scale);
+  auto pt = [&](int64_t i) { return W.sub[i].p.data(); };
+  auto kt = [&](int64_t i) { return W.sub[i].k.data(); };
+  auto Rm = [&](int64_t i) { return W.R.data() + (i + 1) * D * D; };  // R_i, i >= -1
+  auto dk = [&](int64_t i) { return W.dk.data() + i * c * D; };
+  auto dp = [&](int64_t i) { return W.dp.data() + i * D * D; };
+  auto dq = [&](int64_t g, int64_t i) { return W.dq.data() + (g * m + i) * c * D; };
+  std::fill(W.dk.begin(), W.dk.end(), T(0));
+  std::fill(W.dp.begin(), W.dp.end(), T(0));
+
+  // ---- key side: R_i and their reverse
+  std::fill(Rm(m - 1), Rm(m - 1) + D * D, T(0));
+  for (int64_t e = 0; e < D; ++e) Rm(m - 1)[e * D + e] = 1;
+  for (int64_t i = m - 1; i >= 0; --i)
+    gemm_rm<T>(D, D, D, pt(i), D, true, Rm(i), D, false, Rm(i - 1), D, false);
+  T* dR = W.dR.data();   // gradient of R_{i-1}
+  T* dR2 = W.dR2.data();
+  const T* dPt = U.dpt + nh * D * D;
+  for (int64_t r = 0; r < D; ++r)
+    for (int64_t e = 0; e < D; ++e) dR[r * D + e] = dPt[e * D + r];  // dR_{-1} = dPt^T
+  for (int64_t i = 0; i < m; ++i) {
+    const T* dKt = U.dkt + (nh * C + i * c) * D;
+    gemm_rm<T>(D, D, D, Rm(i), D, false, dR, D, true, dp(i), D, true);
+    gemm_rm<T>(c, D, D, dKt, D, false, Rm(i), D, true, dk(i), D, true);
+    if (i + 1 < m) {
+      gemm_rm<T>(D, D, D, pt(i), D, false, dR, D, false, dR2, D, false);
+      gemm_rm<T>(D, D, c, kt(i), D, true, dKt, D, false, dR2, D, true);
+      std::swap(dR, dR2);
+    }
+  }
+
+  // ---- query chains
+  for (int64_t g = 0; g < Gr; ++g) {
+    const T* dS = U.ds + (nh * Gr + g) * C * C;  // [C, C]
+    for (int64_t i = 0; i < m; ++i) {
+      const T* dQt = U.dqt + ((nh * Gr + g) * C + i * c) * D;
+      if (i == 0) {
+        std::memcpy(dq(g, 0), dQt, sizeof(T) * c * D);
+        continue;
+      }
+      // st_j for j = i-1 .. 0 at states + j * c * D
+      T* st = W.states.data();
+      std::memcpy(st + (i - 1) * c * D, W.sub[i].q.data() + g * c * D, sizeof(T) * c * D);
+      for (int64_t j = i - 1; j >= 1; --j)
+        gemm_rm<T>(c, D, D, st + j * c * D, D, false, pt(j), D, false, st + (j - 1) * c * D, D,
+                   false);
+      T* gcur = W.g.data();
+      T* gnext = W.gn.data();
+      std::memcpy(gcur, dQt, sizeof(T) * c * D);
+      for (int64_t j = 0; j < i; ++j) {
+        const T* sj = st + j * c * D;
+        const T* dSij = dS + i * c * C + j * c;
+        gemm_rm<T>(D, D, c, sj, D, true, gcur, D, false, dp(j), D, true);
+        gemm_rm<T>(c, D, c, dSij, C, true, sj, D, false, dk(j), D, true);
+        gemm_rm<T>(c, D, D, gcur, D, false, pt(j), D, true, gnext, D, false);
+        gemm_rm<T>(c, D, c, dSij, C, false, kt(j), D, false, gnext, D, true);
+        std::swap(gcur, gnext);
+      }
+      std::memcpy(dq(g, i), gcur, sizeof(T) * c * D);
+    }
+  }
+
+  // ---- sub-block terms
+  for (int64_t i = 0; i < m; ++i) {
+    const SubBlockUT<T>& S = W.sub[i];
+    const T* Wi = Wb + i * c * D;
+    const T* Ki = Kb + i * c * D;
+    const T* bi = Bb + i * c;
+    T* dWi = U.dwb + (nh * C + i * c) * D;
+    T* dKi = U.dkb + (nh * C + i * c) * D;
+    T* dbi = U.dbb + nh * C + i * c;
+    T* dAW = W.dAW.data();
+    T* dM = W.dM.data();
+    T* dA = W.dA.data();
+    T* dQs = W.dQs.data();
+    T* dQW = W.dQW.data();
+    // pt = I - W^T AW and k~ = K - M^T W
+    gemm_rm<T>(c, D, D, Wi, D, false, dp(i), D, false, dAW, D, false, T(-1));  // -W dpt
+    gemm_rm<T>(c, c, D, Wi, D, false, dk(i), D, true, dM, c, false, T(-1));    // -W dk~^T
+    gemm_rm<T>(c, D, D, S.AW.data(), D, false, dp(i), D, true, dWi, D, false, T(-1));
+    gemm_rm<T>(c, D, c, S.M.data(), c, false, dk(i), D, false, dWi, D, true, T(-1));
+    std::memcpy(dKi, dk(i), sizeof(T) * c * D);
+    for (int64_t g = 0; g < Gr; ++g) {
+      const T* dqg = dq(g, i);
+      const T* dsg = U.ds + ((nh * Gr + g) * C + i * c) * C + i * c;  // [c, c], ld C
+      const T* Qs = S.Qs.data() + g * c * D;
+      const T* QW = S.QW.data() + g * c * c;
+      // dQs = dq~ + ds K; dQW = tril(-dq~ AW^T - ds M^T)
+      std::memcpy(dQs, dqg, sizeof(T) * c * D);
+      gemm_rm<T>(c, D, c, dsg, C, false, Ki, D, false, dQs, D, true);
+      gemm_rm<T>(c, c, D, dqg, D, false, S.AW.data(), D, true, dQW, c, false, T(-1));
+      gemm_rm<T>(c, c, c, dsg, C, false, S.M.data(), c, true, dQW, c, true, T(-1));
+      for (int64_t r = 0; r < c; ++r)
+        for (int64_t t = r + 1; t < c; ++t) dQW[r * c + t] = 0;
+      gemm_rm<T>(c, D, c, QW, c, true, dqg, D, false, dAW, D, true, T(-1));
+      gemm_rm<T>(c, c, c, QW, c, true, dsg, C, false, dM, c, true, T(-1));
+      gemm_rm<T>(c, D, c, dsg, C, true, Qs, D, false, dKi, D, true);
+      gemm_rm<T>(c, D, c, dQW, c, false, Wi, D, false, dQs, D, true);
+      gemm_rm<T>(c, D, c, dQW, c, true, Qs, D, false, dWi, D, true);
+      T* dQ = U.dqb + ((nh * Gr + g) * C + i * c) * D;
+      for (int64_t e = 0; e < c * D; ++e) dQ[e] = dQs[e] * U.scale;
+    }
+    // M = A WKs, WKs = strictLower(W K^T)
+    gemm_rm<T>(c, c, c, dM, c, false, S.WKs.data(), c, true, dA, c, false);  // dM WKs^T
+    T* dWKs = W.tmp.data();
+    gemm_rm<T>(c, c, c, S.A.data(), c, true, dM, c, false, dWKs, c, false);  // A^T dM
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = r; t < c; ++t) dWKs[r * c + t] = 0;
+    gemm_rm<T>(c, D, c, dWKs, c, false, Ki, D, false, dWi, D, true);
+    gemm_rm<T>(c, D, c, dWKs, c, true, Wi, D, false, dKi, D, true);
+    // AW = A W
+    gemm_rm<T>(c, c, D, dAW, D, false, Wi, D, true, dA, c, true);
+    gemm_rm<T>(c, D, c, S.A.data(), c, true, dAW, D, false, dWi, D, true);
+    // A = X diag(beta)
+    T* dX = W.dX.data();
+    for (int64_t t = 0; t < c; ++t) dbi[t] = 0;
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = 0; t < c; ++t) {
+        dX[r * c + t] = dA[r * c + t] * bi[t];
+        dbi[t] += dA[r * c + t] * S.X[r * c + t];
+      }
+    // X = (I + L)^{-1}: dL = strictLower(-X^T dX X^T)
+    T* tmp = W.tmp.data();
+    T* dL = W.dL.data();
+    gemm_rm<T>(c, c, c, S.X.data(), c, true, dX, c, false, tmp, c, false);
+    gemm_rm<T>(c, c, c, tmp, c, false, S.X.data(), c, true, dL, c, false, T(-1));
+    // L = strictLower(diag(beta) WW): dbeta_r += sum_t dL_rt WW_rt, dWW = diag(beta) dL
+    for (int64_t r = 0; r < c; ++r) {
+      T acc = 0;
+      for (int64_t t = 0; t < r; ++t) {
+        acc += dL[r * c + t] * S.WW[r * c + t];
+        dL[r * c + t] *= bi[r];
+      }
+      for (int64_t t = r; t < c; ++t) dL[r * c + t] = 0;
+      dbi[r] += acc;
+    }
+    // WW = W W^T: dW += (dWW + dWW^T) W
+    gemm_rm<T>(c, D, c, dL, c, false, Wi, D, false, dWi, D, true);
+    gemm_rm<T>(c, D, c, dL, c, true, Wi, D, false, dWi, D, true);
+  }
+}
+
+template <typename T>
+void run_ut_bwd(const std::vector<at::Tensor>& t, std::vector<at::Tensor>& out, double scale,
+                int64_t c) {
+  const at::Tensor& qb = t[0];
+  const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
+  const int64_t D = qb.size(4), m = C / c;
+  UTBwdArgs<T> U{t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(),
+                 t[3].data_ptr<T>(), t[4].data_ptr<T>(), t[5].data_ptr<T>(),
+                 t[6].data_ptr<T>(), t[7].data_ptr<T>(), out[0].data_ptr<T>(),
+                 out[1].data_ptr<T>(), out[2].data_ptr<T>(), out[3].data_ptr<T>(),
+                 H, Gr, C, D, c, static_cast<T>(scale)};
+  at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
+    UTBwdWork<T> W;
+    W.sub.resize(m);
+    for (auto& sb : W.sub) sb.resize(c, D, Gr);
+    W.R.resize((m + 1) * D * D);
+    W.dk.resize(m * c * D);
+    W.dp.resize(m * D * D);
+    W.dq.resize(Gr * m * c * D);
+    W.states.resize(std::max<int64_t>(1, m - 1) * c * D);
+    for (auto* v : {&W.g, &W.gn, &W.dQs, &W.dAW}) v->resize(c * D);
+    for (auto* v : {&W.dR, &W.dR2}) v->resize(D * D);
+    for (auto* v : {&W.dQW, &W.dM, &W.dA, &W.dX, &W.tmp, &W.dL}) v->resize(c * c);
+    for (int64_t k = t0; k < t1; ++k) ut_bwd_task<T>(U, k / H, k % H, W);
+  });
+}
+
+// Inputs as ut_fwd plus the gradients dqt [NB, H, Gr*C, D], dkt [NB, H, C, D],
+// dpt [NB, H, D, D] and ds [NB, H, Gr*C, C] (read on and left of the diagonal sub-blocks).
+// Returns dqb, dkb, dwb, dbb.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
+    const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb, const at::Tensor& bb,
+    double scale, int64_t sub_block, const at::Tensor& dqt, const at::Tensor& dkt,
+    const at::Tensor& dpt, const at::Tensor& ds) {
+  const char* op = "ut_bwd";
+  const auto dt = qb.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
+  check_input(op, qb, "qb", 5, dt);
+  check_input(op, kb, "kb", 4, dt);
+  check_input(op, wb, "wb", 4, dt);
+  check_input(op, bb, "bb", 3, dt);
+  check_input(op, dqt, "dqt", 4, dt);
+  check_input(op, dkt, "dkt", 4, dt);
+  check_input(op, dpt, "dpt", 4, dt);
+  check_input(op, ds, "ds", 4, dt);
+  const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
+  const int64_t D = qb.size(4), c = sub_block;
+  TORCH_CHECK(kb.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": kb shape");
+  TORCH_CHECK(wb.sizes() == kb.sizes(), op, ": wb shape");
+  TORCH_CHECK(bb.sizes() == at::IntArrayRef({NB, H, C}), op, ": bb shape");
+  TORCH_CHECK(dqt.sizes() == at::IntArrayRef({NB, H, Gr * C, D}), op, ": dqt shape");
+  TORCH_CHECK(dkt.sizes() == kb.sizes(), op, ": dkt shape");
+  TORCH_CHECK(dpt.sizes() == at::IntArrayRef({NB, H, D, D}), op, ": dpt shape");
+  TORCH_CHECK(ds.sizes() == at::IntArrayRef({NB, H, Gr * C, C}), op, ": ds shape");
+  TORCH_CHECK(c >= 1 && C % c == 0, op, ": sub_block must divide the block size");
+  std::vector<at::Tensor> ins = {qb, kb, wb, bb, dqt, dkt, dpt, ds};
+  std::vector<at::Tensor> outs = {at::empty_like(qb), at::empty_like(kb), at::empty_like(wb),
+                                  at::empty_like(bb)};
+  if (dt == at::kFloat) {
+    run_ut_bwd<float>(ins, outs, scale, c);
+  } else {
+    run_ut_bwd<double>(ins, outs, scale, c);
+  }
+  return std::make_tuple(outs[0], outs[1], outs[2], outs[3]);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pathattn_cpu, m) {
+  m.def("ut_bwd(Tensor qb, Tensor kb, Tensor wb, Tensor bb, float scale, int sub_block, "
+        "Tensor dqt, Tensor dkt, Tensor dpt, Tensor ds) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.impl("ut_bwd", c10::DispatchKey::CPU, TORCH_FN(ut_bwd));
+}

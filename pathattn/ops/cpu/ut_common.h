@@ -1,0 +1,85 @@
+// The per-sub-block UT terms shared by the fused UT forward (ut_fwd.cpp) and backward
+// (ut_bwd.cpp): one sub-block of c tokens, with every intermediate kept for the backward.
+#pragma once
+
+#include "common.h"
+
+#include <cstring>
+#include <vector>
+
+namespace pathattn_cpu {
+
+// Unit lower-triangular inverse: X = (I + L)^{-1}, L [c, c] strictly lower (row-major).
+template <typename T>
+void unit_lower_inverse(const T* L, T* X, int64_t c) {
+  std::fill(X, X + c * c, T(0));
+  for (int64_t r = 0; r < c; ++r) {
+    T* xr = X + r * c;
+    xr[r] = 1;
+    for (int64_t t = 0; t < r; ++t) {
+      const T l = L[r * c + t];
+      if (l == T(0)) continue;
+      const T* xt = X + t * c;
+      for (int64_t e = 0; e <= t; ++e) xr[e] -= l * xt[e];
+    }
+  }
+}
+
+// One sub-block: inputs W, K [c, D], beta [c], Q^g [c, D] for g < Gr (row stride D each,
+// Q^g at q + g * q_stride), scale. Intermediates (row-major):
+//   WW = W W^T, X = (I + strictLower(diag(beta) WW))^{-1}, A = X diag(beta), AW = A W,
+//   WKs = strictLower(W K^T), M = A WKs, Qs^g = scale Q^g, QW^g = tril(Qs^g W^T);
+// outputs q~^g = Qs - QW AW, s^g = Qs K^T - QW M, k~ = K - M^T W, pt = I - W^T AW.
+template <typename T>
+struct SubBlockUT {
+  int64_t c = 0, D = 0, Gr = 0;
+  std::vector<T> WW, X, A, AW, WKs, M, k, p;  // k = k~, p = pt
+  std::vector<T> Qs, QW, q, s;               // [Gr] x ...: q = q~
+
+  void resize(int64_t c_, int64_t D_, int64_t Gr_) {
+    c = c_, D = D_, Gr = Gr_;
+    for (auto* v : {&WW, &X, &A, &WKs, &M}) v->resize(c * c);
+    for (auto* v : {&AW, &k}) v->resize(c * D);
+    p.resize(D * D);
+    for (auto* v : {&Qs, &q}) v->resize(Gr * c * D);
+    for (auto* v : {&QW, &s}) v->resize(Gr * c * c);
+  }
+
+  void compute(const T* Wi, const T* Ki, const T* bi, const T* Q, int64_t q_stride,
+               T scale) {
+    gemm_rm<T>(c, c, D, Wi, D, false, Wi, D, true, WW.data(), c, false);
+    T* Ad = A.data();  // L first, then A
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = 0; t < c; ++t) Ad[r * c + t] = t < r ? bi[r] * WW[r * c + t] : T(0);
+    unit_lower_inverse<T>(Ad, X.data(), c);
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = 0; t < c; ++t) Ad[r * c + t] = X[r * c + t] * bi[t];
+    gemm_rm<T>(c, D, c, Ad, c, false, Wi, D, false, AW.data(), D, false);
+    gemm_rm<T>(c, c, D, Wi, D, false, Ki, D, true, WKs.data(), c, false);
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t t = r; t < c; ++t) WKs[r * c + t] = 0;
+    gemm_rm<T>(c, c, c, Ad, c, false, WKs.data(), c, false, M.data(), c, false);
+    std::memcpy(k.data(), Ki, sizeof(T) * c * D);
+    gemm_rm<T>(c, D, c, M.data(), c, true, Wi, D, false, k.data(), D, true, T(-1));
+    std::fill(p.begin(), p.end(), T(0));
+    for (int64_t e = 0; e < D; ++e) p[e * D + e] = 1;
+    gemm_rm<T>(D, D, c, Wi, D, true, AW.data(), D, false, p.data(), D, true, T(-1));
+    for (int64_t g = 0; g < Gr; ++g) {
+      const T* Qg = Q + g * q_stride;
+      T* qs = Qs.data() + g * c * D;
+      T* qw = QW.data() + g * c * c;
+      T* qg = q.data() + g * c * D;
+      T* sg = s.data() + g * c * c;
+      for (int64_t e = 0; e < c * D; ++e) qs[e] = Qg[e] * scale;
+      gemm_rm<T>(c, c, D, qs, D, false, Wi, D, true, qw, c, false);
+      for (int64_t r = 0; r < c; ++r)
+        for (int64_t t = r + 1; t < c; ++t) qw[r * c + t] = 0;
+      gemm_rm<T>(c, c, D, qs, D, false, Ki, D, true, sg, c, false);
+      gemm_rm<T>(c, c, c, qw, c, false, M.data(), c, false, sg, c, true, T(-1));
+      std::memcpy(qg, qs, sizeof(T) * c * D);
+      gemm_rm<T>(c, D, c, qw, c, false, AW.data(), D, false, qg, D, true, T(-1));
+    }
+  }
+};
+
+}  // namespace pathattn_cpu
