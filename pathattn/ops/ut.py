@@ -51,12 +51,13 @@ class BlockUT(NamedTuple):
     s_diag: torch.Tensor  # [NB, H, Gr*C, C] scale * in-block logits (upper triangle unmasked)
 
 
-def sub_block_target(D: int) -> int:
-    """Longest sub-block for head dim D: D / 2 within [16, 64]. Per token the sub-block
-    terms grow with c and the merges with D^2 / c; measured on CPU (fwd + bwd of
-    path_attn), this choice is 1.35x (D = 32) to 3.8x (D = 16) faster than c = 64 for
-    small heads and on par for D = 64."""
-    return min(64, max(16, D // 2))
+def sub_block_target(D: int, fused: bool = False) -> int:
+    """Longest sub-block for head dim D. Per token the sub-block terms grow with c and the
+    merges with D^2 / c. Measured on CPU (fwd + bwd): for this module's batched PyTorch ops
+    D / 2 within [16, 64] (1.35x faster than c = 64 at D = 32, 3.8x at D = 16); for the
+    fused C++ kernels (fused=True), whose cost per GEMM call matters more, D / 2 within
+    [32, 64]."""
+    return min(64, max(32 if fused else 16, D // 2))
 
 
 def sub_block_size(C: int, target: int = 64) -> int:

@@ -32,6 +32,8 @@ def test_sub_block_lengths_agree(D):
 def test_sub_block_target_follows_head_dim():
     assert [sub_block_target(D) for D in (8, 16, 32, 48, 64, 128, 256)] == \
         [16, 16, 16, 24, 32, 64, 64]
+    assert [sub_block_target(D, fused=True) for D in (8, 16, 32, 64, 96, 128, 256)] == \
+        [32, 32, 32, 32, 48, 64, 64]
     assert sub_block_size(128, sub_block_target(32)) == 16
     assert sub_block_size(128, sub_block_target(48)) == 16  # 24 does not divide 128 by 2^k
     assert sub_block_size(48, 64) == 48 and sub_block_size(48, 16) == 12

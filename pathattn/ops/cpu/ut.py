@@ -14,7 +14,8 @@ __all__ = ["ut_forward", "fused_block_ut", "ut_backward"]
 
 def _sub_block(qb, sub_block: int | None) -> int:
     C, D = qb.shape[-2:]
-    return sub_block_size(C, sub_block_target(D)) if sub_block is None else sub_block
+    return sub_block_size(C, sub_block_target(D, fused=True)) if sub_block is None \
+        else sub_block
 
 
 def fused_block_ut(qb, kb, wb, bb, scale: float, sub_block: int | None = None) -> BlockUT:
