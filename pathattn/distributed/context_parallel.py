@@ -39,7 +39,14 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ..ops.blockwise import block_growth
-from ..ops.cpu import scan_backward, scan_forward, ut_forward
+from ..ops.cpu import (
+    fused_block_ut,
+    fused_scan_applies,
+    scan_backward,
+    scan_forward,
+    ut_backward,
+    ut_forward,
+)
 from ..ops.function import _blocks, _kv_blocks, _row_blocks, _rows_to_tokens, compute_dtype
 from ..ops.gates import block_gates, gate_grad
 from ..ops.layout import from_blocks, make_layout
@@ -270,9 +277,17 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
             gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
             do = do.to(cd)
             delta = (do * o).sum(-1, keepdim=True)  # [B, T, HQ, 1] rowsum(dO * O), global O
-        leaves = [x.detach().requires_grad_() for x in blocks]
+        fused = fused_scan_applies(blocks[0])
+        if fused:  # UT by the C++ kernels; autograd only through the shard terms
+            ut0 = fused_block_ut(*blocks, scale)
+            ut_leaves = [x.requires_grad_() for x in (ut0.qt, ut0.kt, ut0.pt)]
+            ut = ut0._replace(qt=ut_leaves[0], kt=ut_leaves[1], pt=ut_leaves[2])
+            leaves = ut_leaves
+        else:  # autograd through block_ut and the shard terms
+            leaves = [x.detach().requires_grad_() for x in blocks]
         with torch.enable_grad():
-            ut = block_ut(*leaves, scale)
+            if not fused:
+                ut = block_ut(*leaves, scale)
             terms = shard_terms(lay, ut, B, T, HQ)
         with torch.no_grad():
             rows = lambda x: _row_blocks(x, lay, H, cd).flatten(2, 3)  # noqa: E731
@@ -289,13 +304,22 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
                     ring, meta, det, v.to(cd).transpose(1, 2), gate_terms,
                     rows_to_heads(do, H), rows_to_heads(lse, H)[..., 0],
                     rows_to_heads(delta, H)[..., 0], cd)
-        outs, cots = [ut.qt, ut.kt, ut.pt, ut.s_diag], [grads.dqt, grads.dkt, grads.dpt,
-                                                       grads.ds_diag]
-        if ring.size > 1:
-            dpt, dg = _reduce_totals(ring, meta, dpt_parts, dcol, dg)
-            outs += [terms.qs, terms.ks, terms.pt]
-            cots += [dqs, dks, dpt]
-        dqb, dkb, dwb, dbb = torch.autograd.grad(outs, leaves, cots)
+        if fused:
+            dut = [grads.dqt, grads.dkt, grads.dpt]
+            if ring.size > 1:
+                dpt, dg = _reduce_totals(ring, meta, dpt_parts, dcol, dg)
+                extra = torch.autograd.grad([terms.qs, terms.ks, terms.pt], leaves,
+                                            [dqs, dks, dpt], allow_unused=True)
+                dut = [d if e is None else d + e for d, e in zip(dut, extra, strict=True)]
+            dqb, dkb, dwb, dbb = ut_backward(*blocks, scale, *dut, grads.ds_diag)
+        else:
+            outs, cots = [ut.qt, ut.kt, ut.pt, ut.s_diag], [grads.dqt, grads.dkt, grads.dpt,
+                                                           grads.ds_diag]
+            if ring.size > 1:
+                dpt, dg = _reduce_totals(ring, meta, dpt_parts, dcol, dg)
+                outs += [terms.qs, terms.ks, terms.pt]
+                cots += [dqs, dks, dpt]
+            dqb, dkb, dwb, dbb = torch.autograd.grad(outs, leaves, cots)
         with torch.no_grad():
             dq = _rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
             dk, dw = (from_blocks(x.transpose(1, 2), lay).view(ref.shape)

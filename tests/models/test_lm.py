@@ -189,7 +189,8 @@ def test_loss_dtype_follows_the_model(dtype):
     assert loss.dtype == dtype
     ref = torch.nn.functional.cross_entropy(logits.double().reshape(-1, logits.shape[-1]),
                                             next_token_labels(ids).reshape(-1))
-    assert abs(float(loss) - float(ref)) <= (1e-6 if dtype == torch.float32 else 1e-14)
+    tol = 1e-6 if dtype == torch.float32 else 1e-14
+    assert abs(float(loss.detach()) - float(ref.detach())) <= tol
 
 
 # ---------------------------------------------------------- weights and state dict
