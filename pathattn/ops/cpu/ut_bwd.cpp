@@ -233,25 +233,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
     const at::Tensor& dpt, const at::Tensor& ds) {
   const char* op = "ut_bwd";
   const auto dt = qb.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
-  check_input(op, qb, "qb", 5, dt);
-  check_input(op, kb, "kb", 4, dt);
-  check_input(op, wb, "wb", 4, dt);
-  check_input(op, bb, "bb", 3, dt);
+  check_ut_inputs(op, qb, kb, wb, bb, sub_block);
   check_input(op, dqt, "dqt", 4, dt);
   check_input(op, dkt, "dkt", 4, dt);
   check_input(op, dpt, "dpt", 4, dt);
   check_input(op, ds, "ds", 4, dt);
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
   const int64_t D = qb.size(4), c = sub_block;
-  TORCH_CHECK(kb.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": kb shape");
-  TORCH_CHECK(wb.sizes() == kb.sizes(), op, ": wb shape");
-  TORCH_CHECK(bb.sizes() == at::IntArrayRef({NB, H, C}), op, ": bb shape");
   TORCH_CHECK(dqt.sizes() == at::IntArrayRef({NB, H, Gr * C, D}), op, ": dqt shape");
   TORCH_CHECK(dkt.sizes() == kb.sizes(), op, ": dkt shape");
   TORCH_CHECK(dpt.sizes() == at::IntArrayRef({NB, H, D, D}), op, ": dpt shape");
   TORCH_CHECK(ds.sizes() == at::IntArrayRef({NB, H, Gr * C, C}), op, ": ds shape");
-  TORCH_CHECK(c >= 1 && C % c == 0, op, ": sub_block must divide the block size");
   std::vector<at::Tensor> ins = {qb, kb, wb, bb, dqt, dkt, dpt, ds};
   std::vector<at::Tensor> outs = {at::empty_like(qb), at::empty_like(kb), at::empty_like(wb),
                                   at::empty_like(bb)};

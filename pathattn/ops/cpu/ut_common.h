@@ -25,6 +25,24 @@ void unit_lower_inverse(const T* L, T* X, int64_t c) {
   }
 }
 
+// Inputs of the UT kernels: qb [NB, H, Gr, C, D], kb and wb [NB, H, C, D], bb [NB, H, C],
+// one dtype (float32 or float64), contiguous; sub_block divides C.
+inline void check_ut_inputs(const char* op, const at::Tensor& qb, const at::Tensor& kb,
+                            const at::Tensor& wb, const at::Tensor& bb, int64_t sub_block) {
+  const auto dt = qb.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
+  check_input(op, qb, "qb", 5, dt);
+  check_input(op, kb, "kb", 4, dt);
+  check_input(op, wb, "wb", 4, dt);
+  check_input(op, bb, "bb", 3, dt);
+  const int64_t NB = qb.size(0), H = qb.size(1), C = qb.size(3), D = qb.size(4);
+  TORCH_CHECK(kb.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": kb shape");
+  TORCH_CHECK(wb.sizes() == kb.sizes(), op, ": wb shape");
+  TORCH_CHECK(bb.sizes() == at::IntArrayRef({NB, H, C}), op, ": bb shape");
+  TORCH_CHECK(sub_block >= 1 && C % sub_block == 0, op,
+              ": sub_block must divide the block size");
+}
+
 // One sub-block: inputs W, K [c, D], beta [c], Q^g [c, D] for g < Gr (row stride D each,
 // Q^g at q + g * q_stride), scale. Intermediates (row-major):
 //   WW = W W^T, X = (I + strictLower(diag(beta) WW))^{-1}, A = X diag(beta), AW = A W,

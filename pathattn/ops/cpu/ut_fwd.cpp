@@ -130,17 +130,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
     double scale, int64_t sub_block) {
   const char* op = "ut_fwd";
   const auto dt = qb.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
-  check_input(op, qb, "qb", 5, dt);
-  check_input(op, kb, "kb", 4, dt);
-  check_input(op, wb, "wb", 4, dt);
-  check_input(op, bb, "bb", 3, dt);
+  check_ut_inputs(op, qb, kb, wb, bb, sub_block);
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
   const int64_t D = qb.size(4), c = sub_block;
-  TORCH_CHECK(kb.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": kb shape");
-  TORCH_CHECK(wb.sizes() == kb.sizes(), op, ": wb shape");
-  TORCH_CHECK(bb.sizes() == at::IntArrayRef({NB, H, C}), op, ": bb shape");
-  TORCH_CHECK(c >= 1 && C % c == 0, op, ": sub_block must divide the block size");
   auto qt = at::empty({NB, H, Gr * C, D}, qb.options());
   auto kt = at::empty({NB, H, C, D}, qb.options());
   auto pt = at::empty({NB, H, D, D}, qb.options());
