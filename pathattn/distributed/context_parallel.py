@@ -38,7 +38,6 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from ..ops.blockwise import block_growth
 from ..ops.cpu import (
     fused_block_ut,
     fused_scan_applies,
@@ -81,8 +80,7 @@ def _local_forward(q, k, w, beta, v, g, scale: float, C: int):
     gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
     ut = ut_forward(qb, kb, wb, bb, scale)
     terms = shard_terms(lay, ut, B, T, HQ)
-    o_rows, lse_rows = scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
-                                    block_growth(wb, bb))
+    o_rows, lse_rows = scan_forward(lay, ut, vb, gates, wb, bb)
     o = rows_to_heads(_rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)), H)
     lse = rows_to_heads(_rows_to_tokens(lse_rows[..., None], lay, (B, T, HQ, 1)), H)[..., 0]
     return o, lse, terms
@@ -278,15 +276,12 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
             do = do.to(cd)
             delta = (do * o).sum(-1, keepdim=True)  # [B, T, HQ, 1] rowsum(dO * O), global O
         fused = fused_scan_applies(blocks[0])
-        if fused:  # UT by the C++ kernels; autograd only through the shard terms
-            ut0 = fused_block_ut(*blocks, scale)
-            ut_leaves = [x.requires_grad_() for x in (ut0.qt, ut0.kt, ut0.pt)]
-            ut = ut0._replace(qt=ut_leaves[0], kt=ut_leaves[1], pt=ut_leaves[2])
-            leaves = ut_leaves
-        else:  # autograd through block_ut and the shard terms
-            leaves = [x.detach().requires_grad_() for x in blocks]
         with torch.enable_grad():
-            if not fused:
+            if fused:  # UT by the C++ kernels; autograd only through the shard terms
+                ut = fused_block_ut(*blocks, scale)
+                leaves = [x.requires_grad_() for x in (ut.qt, ut.kt, ut.pt)]
+            else:  # autograd through block_ut and the shard terms
+                leaves = [x.detach().requires_grad_() for x in blocks]
                 ut = block_ut(*leaves, scale)
             terms = shard_terms(lay, ut, B, T, HQ)
         with torch.no_grad():
@@ -304,21 +299,20 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
                     ring, meta, det, v.to(cd).transpose(1, 2), gate_terms,
                     rows_to_heads(do, H), rows_to_heads(lse, H)[..., 0],
                     rows_to_heads(delta, H)[..., 0], cd)
-        if fused:
-            dut = [grads.dqt, grads.dkt, grads.dpt]
-            if ring.size > 1:
                 dpt, dg = _reduce_totals(ring, meta, dpt_parts, dcol, dg)
-                extra = torch.autograd.grad([terms.qs, terms.ks, terms.pt], leaves,
-                                            [dqs, dks, dpt], allow_unused=True)
+        # gradients of (Q~, K~, Pt[, S]) from the in-shard scan and, across shards, the terms
+        outs, cots = [ut.qt, ut.kt, ut.pt], [grads.dqt, grads.dkt, grads.dpt]
+        if not fused:
+            outs, cots = outs + [ut.s_diag], cots + [grads.ds_diag]
+        if ring.size > 1:
+            outs, cots = outs + [terms.qs, terms.ks, terms.pt], cots + [dqs, dks, dpt]
+        if fused:  # outs are the leaves themselves: add the shard terms' pull-back
+            dut = cots[:3]
+            if ring.size > 1:
+                extra = torch.autograd.grad(outs[3:], leaves, cots[3:], allow_unused=True)
                 dut = [d if e is None else d + e for d, e in zip(dut, extra, strict=True)]
             dqb, dkb, dwb, dbb = ut_backward(*blocks, scale, *dut, grads.ds_diag)
         else:
-            outs, cots = [ut.qt, ut.kt, ut.pt, ut.s_diag], [grads.dqt, grads.dkt, grads.dpt,
-                                                           grads.ds_diag]
-            if ring.size > 1:
-                dpt, dg = _reduce_totals(ring, meta, dpt_parts, dcol, dg)
-                outs += [terms.qs, terms.ks, terms.pt]
-                cots += [dqs, dks, dpt]
             dqb, dkb, dwb, dbb = torch.autograd.grad(outs, leaves, cots)
         with torch.no_grad():
             dq = _rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from .blockwise import block_growth
 from .cpu import (
     fused_block_ut,
     fused_scan_applies,
@@ -67,7 +66,7 @@ def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float):
     """UT transform and forward scan of block tensors (one head group). Returns o_rows
     [NB, H, R, Dv] and lse [NB, H, R]."""
     ut = ut_forward(qb, kb, wb, bb, scale)
-    return scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, block_growth(wb, bb))
+    return scan_forward(lay, ut, vb, gates, wb, bb)
 
 
 def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_rows, lse,
@@ -177,8 +176,7 @@ def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
     ut = ut_forward(qb, kb, wb, bb, scale)
     vb = _kv_blocks(v, lay, cd)
     gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
-    o_rows, _ = scan_forward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates,
-                             block_growth(wb, bb))
+    o_rows, _ = scan_forward(lay, ut, vb, gates, wb, bb)
     keys = ut.kt @ _suffix_transitions(lay, ut.pt)  # [NB, H, C, D]
     keys = from_blocks(keys.transpose(1, 2), lay).view(B, T, H, D)
     return _rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype), keys

@@ -1,5 +1,6 @@
 """Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp, ut_fwd.cpp,
-ut_bwd.cpp; common.h and ut_common.h included) with torch.utils.cpp_extension.
+ut_bwd.cpp; the headers common.h, scan_common.h and ut_common.h) with
+torch.utils.cpp_extension.
 
 The kernel is compiled on first use (about 10 s; cached under torch's extension directory,
 TORCH_EXTENSIONS_DIR) for the instruction set torch reports for this CPU, and registered as

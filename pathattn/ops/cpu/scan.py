@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..blockwise import ScanGrads, backward_scan, forward_scan
+from ..blockwise import ScanGrads, backward_scan, block_growth, forward_scan
 from ..gates import BlockGates
 from ..layout import BlockLayout
+from ..ut import BlockUT
 from .build import load_kernels
 
 __all__ = ["scan_forward", "scan_backward", "fused_forward_scan", "fused_backward_scan",
@@ -45,13 +46,13 @@ def _kernel_args(lay, qt, kt, pt, s_diag, vb, gates):
             vb.contiguous(), predecessors(lay), gl, G)
 
 
-def scan_forward(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,
-                 growth: torch.Tensor | None = None):
-    """`blockwise.forward_scan` (same arguments and outputs), run by the fused CPU kernel
-    where it applies."""
-    if fused_scan_applies(qt):
-        return fused_forward_scan(lay, qt, kt, pt, s_diag, vb, gates)
-    return forward_scan(lay, qt, kt, pt, s_diag, vb, gates, growth)
+def scan_forward(lay: BlockLayout, ut: BlockUT, vb, gates: BlockGates | None, wb, bb):
+    """`blockwise.forward_scan` of the UT quantities `ut`, run by the fused CPU kernel where
+    it applies. wb [NB, H, C, D] and bb [NB, H, C] give the PyTorch scan its norm bounds
+    (`block_growth`; the kernel needs none). Returns o [NB, H, R, Dv] and lse [NB, H, R]."""
+    if fused_scan_applies(ut.qt):
+        return fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates)
+    return forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, block_growth(wb, bb))
 
 
 def fused_backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,

@@ -20,7 +20,7 @@
 // The tiles are recomputed in the forward kernel's order of operations, so that P here is
 // the forward's P to the last bit where the forward's lse allows it.
 
-#include "common.h"
+#include "scan_common.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -38,12 +38,15 @@ namespace {
 using namespace pathattn_cpu;
 
 template <typename T>
-struct BwdArgs {
-  const T *qt, *kt, *pt, *s_diag, *vb, *gl, *dout, *lse, *delta;
-  const double* G;
-  const int64_t* pred;
-  T *dqt, *dkt, *dpt, *ds_diag, *dv, *dcol;
-  int64_t NB, H, R, C, D, Dv;
+struct BwdArgs : ScanInputs<T> {
+  const T *dout, *lse, *delta;              // [NB, H, R, Dv], [NB, H, R] x 2
+  T *dqt, *dkt, *dpt, *ds_diag, *dv, *dcol;  // outputs; dcol nullptr without gates
+  BwdArgs(const ScanInputs<T>& in, const at::Tensor& dout_, const at::Tensor& lse_,
+          const at::Tensor& delta_, std::vector<at::Tensor>& outs)
+      : ScanInputs<T>(in), dout(dout_.data_ptr<T>()), lse(lse_.data_ptr<T>()),
+        delta(delta_.data_ptr<T>()), dqt(outs[0].data_ptr<T>()), dkt(outs[1].data_ptr<T>()),
+        dpt(outs[2].data_ptr<T>()), ds_diag(outs[3].data_ptr<T>()), dv(outs[4].data_ptr<T>()),
+        dcol(in.G != nullptr ? outs[5].data_ptr<T>() : nullptr) {}
 };
 
 template <typename T>
@@ -83,10 +86,7 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   for (int64_t i = 0; i < R; ++i) {
     const int64_t p = i % C;
     T* row = S + i * C;
-    if (gated) {
-      const T* gl = A.gl + (ah * Gr + i / C) * C;
-      for (int64_t j = 0; j <= p; ++j) row[j] = (row[j] + gl[p]) - gl[j];
-    }
+    if (gated) diag_gate_row(row, A.gl + (ah * Gr + i / C) * C, p);
     for (int64_t j = 0; j <= p; ++j) row[j] -= lse[i];
     exp_nonpos(row, static_cast<int>(p + 1));
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;
@@ -125,10 +125,8 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
       T shift = lse[i];
       if (gated) {  // as the forward kernel: S - gl_b[j], then - (lse - (G_i - ref_b))
         const int64_t gi = i / C;
-        const T* gl = A.gl + (bh * Gr + gi) * C;
-        for (int64_t j = 0; j < C; ++j) row[j] -= gl[j];
-        const T rt = static_cast<T>(A.G[(ah * Gr + gi) * C + i % C] - A.G[(bh * Gr + gi) * C]);
-        shift = lse[i] - rt;
+        shift = lse[i] - cross_gate_row(row, A.gl + (bh * Gr + gi) * C, C,
+                                        A.G[(ah * Gr + gi) * C + i % C], A.G[(bh * Gr + gi) * C]);
       }
       for (int64_t j = 0; j < C; ++j) row[j] -= shift;
       exp_nonpos(row, static_cast<int>(C));
@@ -207,39 +205,7 @@ void run_all(const BwdArgs<T>& A) {
   }
 }
 
-// ins = (qt, kt, pt, s_diag, vb, dout, lse, delta); outs = (dqt, dkt, dpt, ds_diag, dv,
-// dcol); gl and G null without gates.
-template <typename T>
-void launch(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
-            const at::Tensor* gl, const double* G, const int64_t* pred) {
-  BwdArgs<T> A;
-  A.qt = ins[0].data_ptr<T>();
-  A.kt = ins[1].data_ptr<T>();
-  A.pt = ins[2].data_ptr<T>();
-  A.s_diag = ins[3].data_ptr<T>();
-  A.vb = ins[4].data_ptr<T>();
-  A.dout = ins[5].data_ptr<T>();
-  A.lse = ins[6].data_ptr<T>();
-  A.delta = ins[7].data_ptr<T>();
-  A.gl = gl != nullptr ? gl->data_ptr<T>() : nullptr;
-  A.G = G;
-  A.pred = pred;
-  A.dqt = outs[0].data_ptr<T>();
-  A.dkt = outs[1].data_ptr<T>();
-  A.dpt = outs[2].data_ptr<T>();
-  A.ds_diag = outs[3].data_ptr<T>();
-  A.dv = outs[4].data_ptr<T>();
-  A.dcol = gl != nullptr ? outs[5].data_ptr<T>() : nullptr;
-  A.NB = ins[0].size(0);
-  A.H = ins[0].size(1);
-  A.R = ins[0].size(2);
-  A.D = ins[0].size(3);
-  A.C = ins[1].size(2);
-  A.Dv = ins[4].size(3);
-  run_all<T>(A);
-}
-
-// Arguments as scan_fwd plus dout [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
+// Inputs as ScanInputs (scan_common.h) plus dout [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
 // Returns dqt, dkt, dpt, ds_diag, dv and dcol ([NB, H, Gr, C] column sums of dS; empty
 // [0] without gates).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> scan_bwd(
@@ -248,52 +214,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& gl, const std::optional<at::Tensor>& G,
     const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta) {
   const char* op = "scan_bwd";
+  check_scan_inputs(op, qt, kt, pt, s_diag, vb, pred, gl, G);
   const auto dt = qt.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
-  check_input(op, qt, "qt", 4, dt);
-  check_input(op, kt, "kt", 4, dt);
-  check_input(op, pt, "pt", 4, dt);
-  check_input(op, s_diag, "s_diag", 4, dt);
-  check_input(op, vb, "vb", 4, dt);
-  check_input(op, pred, "pred", 1, at::kLong);
   check_input(op, dout, "dout", 4, dt);
   check_input(op, lse, "lse", 3, dt);
   check_input(op, delta, "delta", 3, dt);
-  const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), D = qt.size(3);
-  const int64_t C = kt.size(2), Dv = vb.size(3);
-  TORCH_CHECK(kt.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": kt shape");
-  TORCH_CHECK(pt.sizes() == at::IntArrayRef({NB, H, D, D}), op, ": pt shape");
-  TORCH_CHECK(s_diag.sizes() == at::IntArrayRef({NB, H, R, C}), op, ": s_diag shape");
-  TORCH_CHECK(vb.sizes() == at::IntArrayRef({NB, H, C, Dv}), op, ": vb shape");
+  const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
   TORCH_CHECK(dout.sizes() == at::IntArrayRef({NB, H, R, Dv}), op, ": dout shape");
   TORCH_CHECK(lse.sizes() == at::IntArrayRef({NB, H, R}), op, ": lse shape");
   TORCH_CHECK(delta.sizes() == lse.sizes(), op, ": delta shape");
-  TORCH_CHECK(R % C == 0 && pred.size(0) == NB, op, ": R or pred shape");
-  TORCH_CHECK(gl.has_value() == G.has_value(), op, ": gl and G are given together");
   const bool gated = G.has_value();
-  if (gated) {
-    check_input(op, *gl, "gl", 4, dt);
-    check_input(op, *G, "G", 4, at::kDouble);
-    TORCH_CHECK(G->sizes() == at::IntArrayRef({NB, H, R / C, C}), op, ": G shape");
-    TORCH_CHECK(gl->sizes() == G->sizes(), op, ": gl shape");
-  }
-  const int64_t* pr = pred.data_ptr<int64_t>();
-  for (int64_t a = 0; a < NB; ++a)
-    TORCH_CHECK(pr[a] < NB && pr[a] != a, op, ": pred[", a, "] out of range");
   auto dqt = at::empty_like(qt);
   auto dkt = at::zeros_like(kt);
   auto dpt = at::zeros_like(pt);
   auto ds_diag = at::empty_like(s_diag);
   auto dv = at::zeros_like(vb);
   auto dcol = gated ? at::zeros_like(*gl) : at::empty({0}, qt.options());
-  const std::vector<at::Tensor> ins = {qt, kt, pt, s_diag, vb, dout, lse, delta};
-  const std::vector<at::Tensor> outs = {dqt, dkt, dpt, ds_diag, dv, dcol};
-  const at::Tensor* glp = gated ? &*gl : nullptr;
-  const double* Gp = gated ? G->data_ptr<double>() : nullptr;
+  std::vector<at::Tensor> outs = {dqt, dkt, dpt, ds_diag, dv, dcol};
   if (dt == at::kFloat) {
-    launch<float>(ins, outs, glp, Gp, pr);
+    run_all<float>(BwdArgs<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, gl, G), dout,
+                                  lse, delta, outs));
   } else {
-    launch<double>(ins, outs, glp, Gp, pr);
+    run_all<double>(BwdArgs<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, gl, G),
+                                    dout, lse, delta, outs));
   }
   return std::make_tuple(dqt, dkt, dpt, ds_diag, dv, dcol);
 }

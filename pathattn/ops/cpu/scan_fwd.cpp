@@ -14,7 +14,7 @@
 // Outputs o = acc / den [NB, H, R, Dv] and lse = m + log(den) [NB, H, R]: the same numbers
 // as the PyTorch scan, including its exp cutoff (arguments below -64 give exactly 0).
 
-#include "common.h"
+#include "scan_common.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -36,13 +36,10 @@ namespace {
 using namespace pathattn_cpu;
 
 template <typename T>
-struct Args {
-  const T *qt, *kt, *pt, *s_diag, *vb;
-  const T* gl;      // [NB, H, Gr, C] G - ref of the block, or nullptr
-  const double* G;  // [NB, H, Gr, C] or nullptr
-  const int64_t* pred;
-  T *o, *lse;
-  int64_t NB, H, R, C, D, Dv;
+struct Args : ScanInputs<T> {
+  T *o, *lse;  // outputs [NB, H, R, Dv], [NB, H, R]
+  Args(const ScanInputs<T>& in, at::Tensor& o_, at::Tensor& lse_)
+      : ScanInputs<T>(in), o(o_.data_ptr<T>()), lse(lse_.data_ptr<T>()) {}
 };
 
 template <typename T>
@@ -63,10 +60,7 @@ void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
   for (int64_t i = 0; i < R; ++i) {
     const int64_t p = i % C, g = i / C;
     T* row = S + i * C;
-    if (gated) {  // as blockwise._diag_logits, operation for operation
-      const T* gl = A.gl + (ah * Gr + g) * C;
-      for (int64_t j = 0; j <= p; ++j) row[j] = (row[j] + gl[p]) - gl[j];
-    }
+    if (gated) diag_gate_row(row, A.gl + (ah * Gr + g) * C, p);
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;  // masked: probability 0
     const T mx = row_max(row, static_cast<int>(p + 1));
     for (int64_t j = 0; j <= p; ++j) row[j] -= mx;
@@ -84,14 +78,11 @@ void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
     gemm_rm<T>(R, C, D, state, D, false, A.kt + bh * C * D, D, true, S, C, false);
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * C;
-      // gates as blockwise._cross_logits, operation for operation (the backward recomputes
-      // these tiles in PyTorch from lse: the same rounding keeps the two consistent)
       T rt = 0;  // row term G_i - ref_b
       if (gated) {
         const int64_t g = i / C;
-        const T* gl = A.gl + (bh * Gr + g) * C;
-        for (int64_t j = 0; j < C; ++j) row[j] -= gl[j];
-        rt = static_cast<T>(A.G[(ah * Gr + g) * C + i % C] - A.G[(bh * Gr + g) * C]);
+        rt = cross_gate_row(row, A.gl + (bh * Gr + g) * C, C, A.G[(ah * Gr + g) * C + i % C],
+                            A.G[(bh * Gr + g) * C]);
       }
       const T m_new = std::max(m[i], row_max(row, static_cast<int>(C)) + rt);
       const T shift = m_new - rt;
@@ -127,25 +118,8 @@ void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
 }
 
 template <typename T>
-void run_all(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
-             const at::Tensor& s_diag, const at::Tensor& vb, const int64_t* pred,
-             const std::optional<at::Tensor>& gl, const std::optional<at::Tensor>& G,
-             at::Tensor& o, at::Tensor& lse) {
-  const bool gated = G.has_value();
-  const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), D = qt.size(3);
-  const int64_t C = kt.size(2), Dv = vb.size(3);
-  Args<T> A;
-  A.qt = qt.data_ptr<T>();
-  A.kt = kt.data_ptr<T>();
-  A.pt = pt.data_ptr<T>();
-  A.s_diag = s_diag.data_ptr<T>();
-  A.vb = vb.data_ptr<T>();
-  A.gl = gated ? gl->data_ptr<T>() : nullptr;
-  A.G = gated ? G->data_ptr<double>() : nullptr;
-  A.pred = pred;
-  A.o = o.data_ptr<T>();
-  A.lse = lse.data_ptr<T>();
-  A.NB = NB; A.H = H; A.R = R; A.C = C; A.D = D; A.Dv = Dv;
+void run_all(const Args<T>& A) {
+  const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   const int64_t n_tasks = NB * H;
   const int64_t buf_len = R * C + 2 * R * D + R * Dv + 2 * R;
   std::atomic<int64_t> counter{0};
@@ -159,45 +133,20 @@ void run_all(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
   });
 }
 
-// qt [NB, H, R, D]; kt [NB, H, C, D]; pt [NB, H, D, D]; s_diag [NB, H, R, C];
-// vb [NB, H, C, Dv]; pred [NB] int64 (row of the previous block of the sequence, or -1);
-// gates (both or neither): gl [NB, H, Gr, C] compute dtype and G [NB, H, Gr, C] float64
-// (`gates.BlockGates`; ref_b = G[b, ..., 0]).
+// Inputs as ScanInputs (scan_common.h). Returns o [NB, H, R, Dv] and lse [NB, H, R].
 std::tuple<at::Tensor, at::Tensor> scan_fwd(
     const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,
     const std::optional<at::Tensor>& gl, const std::optional<at::Tensor>& G) {
-  const auto dt = qt.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, "scan_fwd: float32 or float64 only");
-  check_input("scan_fwd", qt, "qt", 4, dt);
-  check_input("scan_fwd", kt, "kt", 4, dt);
-  check_input("scan_fwd", pt, "pt", 4, dt);
-  check_input("scan_fwd", s_diag, "s_diag", 4, dt);
-  check_input("scan_fwd", vb, "vb", 4, dt);
-  check_input("scan_fwd", pred, "pred", 1, at::kLong);
-  const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), D = qt.size(3);
-  const int64_t C = kt.size(2), Dv = vb.size(3);
-  TORCH_CHECK(kt.sizes() == at::IntArrayRef({NB, H, C, D}), "scan_fwd: kt shape");
-  TORCH_CHECK(pt.sizes() == at::IntArrayRef({NB, H, D, D}), "scan_fwd: pt shape");
-  TORCH_CHECK(s_diag.sizes() == at::IntArrayRef({NB, H, R, C}), "scan_fwd: s_diag shape");
-  TORCH_CHECK(vb.sizes() == at::IntArrayRef({NB, H, C, Dv}), "scan_fwd: vb shape");
-  TORCH_CHECK(R % C == 0 && pred.size(0) == NB, "scan_fwd: R or pred shape");
-  TORCH_CHECK(gl.has_value() == G.has_value(), "scan_fwd: gl and G are given together");
-  if (G.has_value()) {
-    check_input("scan_fwd", *gl, "gl", 4, dt);
-    check_input("scan_fwd", *G, "G", 4, at::kDouble);
-    TORCH_CHECK(G->sizes() == at::IntArrayRef({NB, H, R / C, C}), "scan_fwd: G shape");
-    TORCH_CHECK(gl->sizes() == G->sizes(), "scan_fwd: gl shape");
-  }
+  check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, gl, G);
+  const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
   auto o = at::empty({NB, H, R, Dv}, qt.options());
   auto lse = at::empty({NB, H, R}, qt.options());
-  const int64_t* pr = pred.data_ptr<int64_t>();
-  for (int64_t a = 0; a < NB; ++a)
-    TORCH_CHECK(pr[a] < NB && pr[a] != a, "scan_fwd: pred[", a, "] out of range");
-  if (dt == at::kFloat) {
-    run_all<float>(qt, kt, pt, s_diag, vb, pr, gl, G, o, lse);
+  if (qt.scalar_type() == at::kFloat) {
+    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, gl, G), o, lse));
   } else {
-    run_all<double>(qt, kt, pt, s_diag, vb, pr, gl, G, o, lse);
+    run_all<double>(
+        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, gl, G), o, lse));
   }
   return {o, lse};
 }

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not
 
 
 def _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special=""):
-    """Block tensors of random inputs: (layout, UT quantities, vb, gates, growth)."""
+    """Block tensors of random inputs: (layout, UT quantities, vb, gates, (wb, bb))."""
     q, k, v, w, beta, g = make_inputs(B, T, HQ, H, D, Dv, gates, dtype=dtype)
     if special == "sharp":  # logits far above the diagonal's: the running max must move
         q = q * 30
@@ -38,7 +38,7 @@ def _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special=""):
     blocks = _blocks(q, k, w, beta, lay, dtype)
     vb = _kv_blocks(v, lay, dtype)
     gt = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, dtype)
-    return lay, block_ut(*blocks, D**-0.5), vb, gt, block_growth(blocks[2], blocks[3])
+    return lay, block_ut(*blocks, D**-0.5), vb, gt, blocks[2:]
 
 
 CASES = [  # B, T, HQ, H, D, Dv, C, gates, cu, special
@@ -57,7 +57,8 @@ CASES = [  # B, T, HQ, H, D, Dv, C, gates, cu, special
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])) + c[9])
 def test_fused_matches_torch_scan(case, dtype):
     B, T, HQ, H, D, Dv, C, gates, cu, special = case
-    lay, ut, vb, gt, growth = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
+    lay, ut, vb, gt, wb_bb = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
+    growth = block_growth(*wb_bb)
     s_diag = ut.s_diag.clone()
     o, lse = fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt)
     torch.testing.assert_close(s_diag, ut.s_diag, rtol=0, atol=0)  # read only
@@ -73,7 +74,8 @@ def test_fused_matches_torch_scan(case, dtype):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])) + c[9])
 def test_fused_backward_matches_torch_scan(case, dtype):
     B, T, HQ, H, D, Dv, C, gates, cu, special = case
-    lay, ut, vb, gt, growth = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
+    lay, ut, vb, gt, wb_bb = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
+    growth = block_growth(*wb_bb)
     o, lse = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag.clone(), vb, gt, growth)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
     delta = (do * o).sum(-1)
@@ -122,15 +124,15 @@ def test_kernel_rejects_bad_block_tensors():
 
 def test_disabled_kernel_runs_torch_scan(monkeypatch):
     """PATHATTN_CPU_KERNEL=0: scan_forward is the PyTorch scan (it overwrites s_diag)."""
-    lay, ut, vb, gt, growth = _block_inputs(2, 65, 2, 1, 16, 16, 16, True, None,
-                                            torch.float32)
+    lay, ut, vb, gt, wb_bb = _block_inputs(2, 65, 2, 1, 16, 16, 16, True, None,
+                                           torch.float32)
     s_diag = ut.s_diag.clone()
     monkeypatch.setenv("PATHATTN_CPU_KERNEL", "0")
-    scan_forward(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, growth)
+    scan_forward(lay, ut._replace(s_diag=s_diag), vb, gt, *wb_bb)
     assert not torch.equal(s_diag, ut.s_diag)
     monkeypatch.setenv("PATHATTN_CPU_KERNEL", "1")
     s_diag = ut.s_diag.clone()
-    scan_forward(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, growth)
+    scan_forward(lay, ut._replace(s_diag=s_diag), vb, gt, *wb_bb)
     assert torch.equal(s_diag, ut.s_diag)
 
 
