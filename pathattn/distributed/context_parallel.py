@@ -77,7 +77,7 @@ def _local_forward(q, k, w, beta, v, g, scale: float, C: int):
     lay = make_layout(B, T, C, None, q.device)
     qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
     vb = _kv_blocks(v, lay, cd)
-    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
     ut = ut_forward(qb, kb, wb, bb, scale)
     terms = shard_terms(lay, ut, B, T, HQ)
     o_rows, lse_rows = scan_forward(lay, ut, vb, gates, wb, bb)
@@ -272,7 +272,7 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
         with torch.no_grad():
             blocks = _blocks(q, k, w, beta, lay, cd)
             vb = _kv_blocks(v, lay, cd)
-            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
             do = do.to(cd)
             delta = (do * o).sum(-1, keepdim=True)  # [B, T, HQ, 1] rowsum(dO * O), global O
         fused = fused_scan_applies(blocks[0])

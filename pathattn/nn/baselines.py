@@ -23,8 +23,10 @@ from .path_attention import (
     AttentionProjections,
     check_attention_mask,
     check_packing,
-    check_x,
+    full_precision_linear,
+    gate_dtype,
     init_forget_gate_bias,
+    no_autocast,
 )
 from .rope import RotaryEmbedding
 
@@ -97,7 +99,7 @@ class RoPEAttention(AttentionProjections):
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Training path: x [B, T, hidden] -> [B, T, hidden]. cu_seqlens [N + 1] (B == 1)
         packs sequences: a block-diagonal causal mask, positions restart at each boundary."""
-        check_x(x, self.hidden_size)
+        self.check_input(x)
         check_packing(x, cu_seqlens)
         B, T, _ = x.shape
         q, k, v = self.qkv(x)
@@ -116,7 +118,7 @@ class RoPEAttention(AttentionProjections):
                 ) -> tuple[torch.Tensor, RoPECache]:
         """A prompt x [B, T, hidden]; attention_mask [B, T] (1 = token, 0 = left padding).
         Returns (y [B, T, hidden], RoPECache); rows at padding positions are o_proj(0)."""
-        check_x(x, self.hidden_size)
+        self.check_input(x)
         B, T, _ = x.shape
         valid = check_attention_mask(x, attention_mask)  # [B, T] bool or None
         if valid is None:
@@ -137,12 +139,14 @@ class RoPEAttention(AttentionProjections):
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor, cache: RoPECache) -> torch.Tensor:
-        """m >= 1 new tokens x [B, m, hidden] after the cache (updated in place).
-        Returns y [B, m, hidden]. No gradients."""
-        check_x(x, self.hidden_size)
+        """m new tokens x [B, m, hidden] after the cache (updated in place).
+        Returns y [B, m, hidden] (m = 0: empty, the cache unchanged). No gradients."""
+        self.check_input(x)
         if not isinstance(cache, RoPECache):
             raise ValueError(f"cache must be the RoPECache of prefill, got "
                              f"{type(cache).__name__}")
+        if x.shape[1] == 0:
+            return self.empty_output(x)
         B, m, _ = x.shape
         T0 = len(cache)
         ar = torch.arange(T0 + m, device=x.device)
@@ -173,32 +177,47 @@ class FoXAttention(AttentionProjections):
         init_forget_gate_bias(self.g_proj.bias)
 
     def forget_gate(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden] -> log forget gates g [B, T, HQ] (<= 0)."""
-        return F.logsigmoid(self.g_proj(x))
+        """x [B, T, hidden] -> log forget gates g [B, T, HQ] (<= 0), computed in float32
+        (float64 for float64 x) as PaTH's gates."""
+        return F.logsigmoid(full_precision_linear(self.g_proj, x, gate_dtype(x)))
 
-    def _inputs(self, x: torch.Tensor):
-        """q, k, v, w = 0, beta = 0, g for the PaTH op."""
+    def op_inputs(self, x: torch.Tensor):
+        """What the PaTH op receives: q, k, v, w = 0, beta = 0 (float32), g (float32)."""
         q, k, v = self.qkv(x)
         w = torch.zeros_like(k)  # [B, T, H, D]: H_t = I
-        beta = k.new_zeros(k.shape[:3])  # [B, T, H]
+        beta = k.new_zeros(k.shape[:3], dtype=gate_dtype(x))  # [B, T, H]
         return q, k, v, w, beta, self.forget_gate(x)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Training path: x [B, T, hidden] -> [B, T, hidden]; cu_seqlens packs (B == 1)."""
-        check_x(x, self.hidden_size)
+        self.check_input(x)
         check_packing(x, cu_seqlens)
-        return self.out(path_attn(*self._inputs(x), cu_seqlens=cu_seqlens))
+        inputs = self.op_inputs(x)
+        with no_autocast(x.device.type):
+            o = path_attn(*inputs, cu_seqlens=cu_seqlens)
+        return self.out(o)
 
     def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, PaTHCache]:
         """A prompt x [B, T, hidden] (attention_mask [B, T]: 1 = token, 0 = left padding)
         -> (y [B, T, hidden], PaTHCache)."""
-        check_x(x, self.hidden_size)
-        o, cache = path_attn_prefill(*self._inputs(x), attention_mask=attention_mask)
+        self.check_input(x)
+        inputs = self.op_inputs(x)
+        with no_autocast(x.device.type):
+            o, cache = path_attn_prefill(*inputs, attention_mask=attention_mask)
         return self.out(o), cache
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor, cache: PaTHCache) -> torch.Tensor:
-        """m >= 1 new tokens x [B, m, hidden] after the cache (in place) -> [B, m, hidden]."""
-        check_x(x, self.hidden_size)
-        return self.out(path_attn_step(*self._inputs(x), state=cache))
+        """m new tokens x [B, m, hidden] after the cache (in place) -> [B, m, hidden]
+        (m = 0: empty, the cache unchanged)."""
+        self.check_input(x)
+        if not isinstance(cache, PaTHCache):
+            raise ValueError(f"cache must be the PaTHCache of prefill, got "
+                             f"{type(cache).__name__}")
+        if x.shape[1] == 0:
+            return self.empty_output(x)
+        inputs = self.op_inputs(x)
+        with no_autocast(x.device.type):
+            o = path_attn_step(*inputs, state=cache)
+        return self.out(o)

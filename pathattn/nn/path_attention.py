@@ -22,13 +22,41 @@ Choices the paper leaves open, documented here:
 * optional QK RMSNorm is per head (one learnable weight [D] for q, one for k, shared by the
   heads), applied to q and k before path_attn in all three paths.
 
+Precision (the same in all three paths, whatever the activation dtype or autocast):
+
+* beta, its cap and the forget gates g are computed in float32 (float64 for a float64
+  layer), outside autocast, from a float32 copy of x and of their projection's weights,
+  and handed to the op in float32 (the op takes beta and g in any float dtype and computes
+  in float32). In bf16, 1.999 * sigmoid(.) rounds to exactly 2.0, the singular transform
+  the cap is there to avoid, and a gate logsigmoid(5) = -0.0067 is off by ~1e-5, an
+  error the gate sums G_i accumulate. The cost: for 16-bit x, autograd keeps that float32
+  copy of x [B, T, hidden] (one, shared by the two projections).
+* The cap is strict: beta = min(beta_max * sigmoid(z), beta_max^-), beta_max^- the largest
+  float32 below float32(beta_max), hence below beta_max itself. A float32 sigmoid is exactly
+  1 from z ~ 17 on (and beta_max * s rounds up to beta_max for s just below 1), so the
+  product alone reaches beta_max; the clamp is a comparison, exact, and binds only where
+  sigmoid'(z) < 1e-6, so the gradient it removes is already negligible.
+* w is L2-normalised in float32. The op needs w in q's dtype, so for bf16 / fp16 the unit
+  vector is rounded toward zero (|w_i| never grows, so |w| <= 1 holds after the rounding;
+  round-to-nearest can lengthen it by ~2^-8, and beta |w|^2 may then exceed 2 for beta
+  near 2). Its gradient is that of a plain cast.
+* The op runs outside autocast: it picks its precision (float32 accumulation) from its
+  input dtypes, and under CPU autocast its PyTorch path would otherwise run solves in bf16.
+
+Inputs: x must have the dtype of the layer's weights (a ValueError names both otherwise;
+a silent cast would hide a model left in the wrong dtype), except under torch.autocast,
+whose casting rules then apply. T = 0 is allowed: forward and prefill return [B, 0, hidden]
+(prefill with an empty cache), and decode of m = 0 tokens returns [B, 0, hidden] and leaves
+the cache unchanged.
+
 The three paths are separate methods (STYLE point 6): `forward` (training, optionally packed
-with cu_seqlens), `prefill` (prompt -> output and `LayerCache`) and `decode` (m >= 1 new
-tokens, in place on the cache).
+with cu_seqlens), `prefill` (prompt -> output and `LayerCache`) and `decode` (m new tokens,
+in place on the cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 
 import torch
@@ -41,7 +69,8 @@ from ..ops.validation import check_cu_seqlens
 from .norm import RMSNorm
 from .short_conv import ShortConv
 
-__all__ = ["PaTHAttention", "LayerCache", "AttentionProjections"]
+__all__ = ["PaTHAttention", "LayerCache", "AttentionProjections", "check_x", "strict_cap",
+           "round_toward_zero"]
 
 
 def _positive_int(name: str, value) -> int:
@@ -50,8 +79,27 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-def check_x(x, hidden_size: int) -> None:
-    """x must be a float tensor [B, T, hidden_size]."""
+def autocast_enabled(device_type: str) -> bool:
+    """True inside torch.autocast for this device type (False for types autocast lacks)."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4: no device argument
+        return bool(torch.is_autocast_cpu_enabled() if device_type == "cpu"
+                    else torch.is_autocast_enabled())
+    except RuntimeError:  # a device type without autocast (meta, ...)
+        return False
+
+
+def no_autocast(device_type: str):
+    """A context that turns autocast off for this device type where it is on."""
+    if autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def check_x(x, hidden_size: int, weight_dtype: torch.dtype | None = None) -> None:
+    """x must be a float tensor [B, T, hidden_size] (T = 0 allowed) with the dtype of the
+    weights, weight_dtype, unless autocast is on for x's device (its rules cast then)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise ValueError(f"x must be a float tensor [B, T, hidden_size], got "
                          f"{type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype}")
@@ -61,6 +109,43 @@ def check_x(x, hidden_size: int) -> None:
     if x.shape[-1] != hidden_size:
         raise ValueError(f"x: last dimension must be hidden_size={hidden_size}, got shape "
                          f"{tuple(x.shape)}")
+    if weight_dtype is not None and x.dtype != weight_dtype and not autocast_enabled(
+            x.device.type):
+        raise ValueError(f"x has dtype {x.dtype} but the layer's weights are {weight_dtype}: "
+                         f"pass x.to({weight_dtype}), convert the layer with "
+                         f".to({x.dtype}), or run under torch.autocast")
+
+
+def gate_dtype(x: torch.Tensor) -> torch.dtype:
+    """Dtype of w's normalisation, beta and the forget gates: float64 for float64 x, else
+    float32 (see the module docstring)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def full_precision_linear(linear: nn.Linear, x: torch.Tensor, dtype: torch.dtype
+                          ) -> torch.Tensor:
+    """linear(x) computed in `dtype` outside autocast (x and the parameters cast to it;
+    gradients flow back in their own dtypes)."""
+    bias = None if linear.bias is None else linear.bias.to(dtype)
+    with no_autocast(x.device.type):
+        return F.linear(x.to(dtype), linear.weight.to(dtype), bias)
+
+
+def strict_cap(beta: torch.Tensor, beta_max: float) -> torch.Tensor:
+    """beta clamped to the largest value of beta's dtype below float32(beta_max) (for a
+    float64 beta: below beta_max), so that beta < beta_max holds exactly."""
+    top = torch.tensor(beta_max, dtype=beta.dtype, device=beta.device)
+    return torch.minimum(beta, torch.nextafter(top, torch.zeros_like(top)))
+
+
+def round_toward_zero(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x cast to `dtype`, rounded toward zero (|result_i| <= |x_i|), with the gradient of a
+    plain cast."""
+    with torch.no_grad():
+        y = x.to(dtype)
+        grew = y.abs().to(x.dtype) > x.abs()
+        y = torch.where(grew, torch.nextafter(y, torch.zeros_like(y)), y)
+    return y + (x - x.detach()).to(dtype) if x.requires_grad else y
 
 
 def check_packing(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> None:
@@ -116,6 +201,10 @@ class AttentionProjections(nn.Module):
         self.q_norm = RMSNorm(D, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(D, norm_eps) if qk_norm else None
 
+    def check_input(self, x) -> None:
+        """`check_x` against this layer's width and weight dtype (ValueError)."""
+        check_x(x, self.hidden_size, self.q_proj.weight.dtype)
+
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, hidden] -> q [B, T, HQ, D], k [B, T, H, D], v [B, T, H, D]."""
         B, T, _ = x.shape
@@ -125,6 +214,10 @@ class AttentionProjections(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
+
+    def empty_output(self, x: torch.Tensor) -> torch.Tensor:
+        """y [B, 0, hidden] for x [B, 0, hidden] (an empty step), in the dtype `out` gives."""
+        return self.out(x.new_zeros(x.shape[0], 0, self.num_heads, self.head_dim))
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
         """o [B, T, HQ, D] -> y [B, T, hidden]."""
@@ -194,12 +287,15 @@ class PaTHAttention(AttentionProjections):
         conv_size: kernel size K of the short causal conv on w (paper: 3).
         use_forget_gate: PaTH-FoX forget gates g = logsigmoid(Linear(hidden, HQ)(x)).
         qk_norm: per-head RMSNorm of q and k.
-        beta_max: beta = beta_max * sigmoid(.), in (0, beta_max); must lie in (0, 2].
-            Use a value below 2 (e.g. 1.99) for bf16 training (paper, Limitations).
+        beta_max: beta = beta_max * sigmoid(.), in [0, beta_max) strictly (float32, see
+            the module docstring); must lie in (0, 2]. Use a value below 2 (e.g. 1.99) for
+            bf16 training (paper, Limitations).
         bias: bias of the q, k, v, o projections.
         norm_eps: epsilon of the QK RMSNorm.
 
-    x is [B, T, hidden_size] in any float dtype; the outputs have x's dtype.
+    x is [B, T, hidden_size] in the weights' dtype (any float dtype under torch.autocast);
+    the outputs have x's dtype (autocast's dtype under autocast). T = 0 gives an empty
+    output.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
@@ -232,29 +328,49 @@ class PaTHAttention(AttentionProjections):
 
     # ---------------------------------------------------------------- per-token inputs
 
-    def _w(self, w_conv: torch.Tensor) -> torch.Tensor:
-        """Short-conv output [B, T, H*D] -> unit w [B, T, H, D] (zero stays zero)."""
+    def _w(self, w_conv: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Short-conv output [B, T, H*D] -> unit w [B, T, H, D] (zero stays zero) in `dtype`
+        (default w_conv's), normalised in float32 and rounded toward zero for 16-bit
+        dtypes: |w| <= 1 (module docstring)."""
         B, T, _ = w_conv.shape
-        return F.normalize(w_conv.view(B, T, self.num_kv_heads, self.head_dim), dim=-1)
+        dtype = w_conv.dtype if dtype is None else dtype
+        with no_autocast(w_conv.device.type):
+            w = F.normalize(w_conv.view(B, T, self.num_kv_heads, self.head_dim).to(
+                gate_dtype(w_conv)), dim=-1)
+        if dtype in (torch.float16, torch.bfloat16):
+            return round_toward_zero(w, dtype)
+        return w.to(dtype)
 
     def beta(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden] -> beta [B, T, H] in (0, beta_max)."""
-        return self.beta_max * torch.sigmoid(self.beta_proj(x))
+        """x [B, T, hidden] -> beta [B, T, H] in [0, beta_max), float32 (float64 for float64
+        x): beta_max * sigmoid(.) capped strictly below beta_max (module docstring)."""
+        z = full_precision_linear(self.beta_proj, x, gate_dtype(x))
+        return strict_cap(self.beta_max * torch.sigmoid(z), self.beta_max)
 
     def forget_gate(self, x: torch.Tensor) -> torch.Tensor | None:
-        """x [B, T, hidden] -> log forget gates g [B, T, HQ] (<= 0), or None without gates."""
-        return None if self.g_proj is None else F.logsigmoid(self.g_proj(x))
+        """x [B, T, hidden] -> log forget gates g [B, T, HQ] (<= 0) in float32 (float64 for
+        float64 x), or None without gates."""
+        if self.g_proj is None:
+            return None
+        return F.logsigmoid(full_precision_linear(self.g_proj, x, gate_dtype(x)))
+
+    def op_inputs(self, x: torch.Tensor, w_conv: torch.Tensor):
+        """What the op receives for x [B, T, hidden] and the short conv's output w_conv
+        [B, T, H*D]: (q, k, v, w, beta, g), w in q's dtype, beta and g in float32."""
+        q, k, v = self.qkv(x)
+        xg = x.to(gate_dtype(x))  # one float32 copy for beta and g (autograd saves it once)
+        return q, k, v, self._w(w_conv, q.dtype), self.beta(xg), self.forget_gate(xg)
 
     # ------------------------------------------------------------------------ training
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Training path. x [B, T, hidden]; cu_seqlens [N + 1] int (B == 1) packs sequences:
         neither the short conv nor attention crosses a boundary. Returns y [B, T, hidden]."""
-        check_x(x, self.hidden_size)
+        self.check_input(x)
         check_packing(x, cu_seqlens)
-        q, k, v = self.qkv(x)
-        w = self._w(self.w_conv(self.w_proj(x), cu_seqlens))  # [B, T, H, D]
-        o = path_attn(q, k, v, w, self.beta(x), self.forget_gate(x), cu_seqlens=cu_seqlens)
+        inputs = self.op_inputs(x, self.w_conv(self.w_proj(x), cu_seqlens))
+        with no_autocast(x.device.type):
+            o = path_attn(*inputs, cu_seqlens=cu_seqlens)
         return self.out(o)
 
     # ----------------------------------------------------------------------- inference
@@ -266,26 +382,29 @@ class PaTHAttention(AttentionProjections):
         Returns (y [B, T, hidden], cache): y equals `forward` on each row's tokens alone
         (rows at padding positions are o_proj(0)); the cache feeds `decode`.
         """
-        check_x(x, self.hidden_size)
+        self.check_input(x)
         check_attention_mask(x, attention_mask)
-        q, k, v = self.qkv(x)
         w_conv, conv_state = self.w_conv.prefill(self.w_proj(x), attention_mask)
-        o, attn = path_attn_prefill(q, k, v, self._w(w_conv), self.beta(x),
-                                    self.forget_gate(x), attention_mask=attention_mask)
+        inputs = self.op_inputs(x, w_conv)
+        with no_autocast(x.device.type):
+            o, attn = path_attn_prefill(*inputs, attention_mask=attention_mask)
         return self.out(o), LayerCache(attn, conv_state, self.w_conv.kernel_size)
 
     @torch.no_grad()
     def decode(self, x: torch.Tensor, cache: LayerCache) -> torch.Tensor:
-        """m >= 1 new tokens x [B, m, hidden] after the cache (updated in place). Returns
-        y [B, m, hidden]: the last m rows of `forward` on the whole sequence. No gradients."""
-        check_x(x, self.hidden_size)
+        """m new tokens x [B, m, hidden] after the cache (updated in place). Returns
+        y [B, m, hidden]: the last m rows of `forward` on the whole sequence (m = 0: empty,
+        the cache unchanged). No gradients."""
+        self.check_input(x)
         if not isinstance(cache, LayerCache):
             raise ValueError(f"cache must be the LayerCache of prefill, got "
                              f"{type(cache).__name__}")
+        if x.shape[1] == 0:
+            return self.empty_output(x)
         start = len(cache)
-        q, k, v = self.qkv(x)
         w_conv, hist = self.w_conv.step(self.w_proj(x), cache.conv_state)
-        o = path_attn_step(q, k, v, self._w(w_conv), self.beta(x), self.forget_gate(x),
-                           state=cache.attn)
+        inputs = self.op_inputs(x, w_conv)
+        with no_autocast(x.device.type):
+            o = path_attn_step(*inputs, state=cache.attn)
         cache.update(hist, start)
         return self.out(o)

@@ -81,7 +81,11 @@ class ShortConv(nn.Module):
         return self._finish(self._packed_conv(x, cu_seqlens))
 
     def _conv(self, x: torch.Tensor) -> torch.Tensor:
-        """Every row is one sequence: F.conv1d with K-1 zeros on the left."""
+        """Every row is one sequence: F.conv1d with K-1 zeros on the left (T = 0: an empty
+        output, which conv1d would reject for K > 1)."""
+        if x.shape[1] == 0:
+            return self._finish(x * self.weight[:, 0, -1] if self.bias is None
+                                else x * self.weight[:, 0, -1] + self.bias)
         xc = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # [B, C, K-1+T]
         y = F.conv1d(xc, self.weight, self.bias, groups=self.channels)  # [B, C, T]
         return self._finish(y.transpose(1, 2))
@@ -121,7 +125,8 @@ class ShortConv(nn.Module):
         return y, self._last_inputs(x.detach())
 
     def step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """m >= 1 new tokens x [B, m, C] after the inputs held in state [B, K-1, C].
+        """m new tokens x [B, m, C] after the inputs held in state [B, K-1, C] (m = 0: an
+        empty output and the state itself).
 
         Returns (y [B, m, C], history [B, K-1+m, C]): the state followed by x, detached;
         its last K-1 rows are the next state (`history[:, -(K-1):]`, empty when K == 1).
@@ -131,6 +136,8 @@ class ShortConv(nn.Module):
                              f"{(x.shape[0], self.kernel_size - 1, x.shape[2])}, got "
                              f"{tuple(state.shape)}")
         hist = torch.cat([state.to(x.dtype), x], dim=1)  # [B, K-1+m, C]
+        if x.shape[1] == 0:
+            return self._conv(x), hist.detach()
         y = F.conv1d(hist.transpose(1, 2), self.weight, self.bias, groups=self.channels)
         return self._finish(y.transpose(1, 2)), hist.detach()  # [B, m, C]
 

@@ -59,31 +59,44 @@ def exp_cutoff_(x: torch.Tensor, above_cutoff: bool = False) -> torch.Tensor:
     return x.exp_()
 
 
+def _gate_tile(Gq: torch.Tensor, Gk: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gate terms G_i - G_j of a tile, formed in float64 and then cast (see `gates`):
+    Gq [.., C] of the query rows, Gk [.., C] of the keys -> [.., C, C] in dtype."""
+    return (Gq[..., :, None] - Gk[..., None, :]).to(dtype)
+
+
 def _diag_logits(s_diag: torch.Tensor, gates: BlockGates | None, C: int,
                  inplace: bool = False) -> torch.Tensor:
     """Masked in-block logits with gate terms: [NB, H, R, C] (overwrites s_diag if inplace)."""
     NB, H, R, _ = s_diag.shape
     S = s_diag if inplace else s_diag.clone()
     if gates is not None:
-        gl = gates.gl  # [NB, H, Gr, C]
-        S.view(NB, H, R // C, C, C).add_(gl[..., :, None]).sub_(gl[..., None, :])
+        S.view(NB, H, R // C, C, C).add_(_gate_tile(gates.G, gates.G, S.dtype))
     return S.masked_fill_(~_causal_rows(C, R // C, S.device), float("-inf"))
 
 
 def _cross_logits(Q, Ktt, d, lay: BlockLayout, gates: BlockGates | None):
-    """Logits of the active query rows against their key blocks at step d.
-
-    Q [cnt, H, R, D]; Ktt [NB, H, D, C] (K~ transposed, contiguous). Returns S [cnt, H, R, C]
-    with the gate column term and r [cnt, H, R], the gate row term G_i - ref_b (or None).
-    """
+    """Logits of the active query rows against their key blocks at step d, gate terms
+    included. Q [cnt, H, R, D]; Ktt [NB, H, D, C] (K~ transposed, contiguous). Returns
+    S [cnt, H, R, C]."""
     cnt = Q.shape[0]
     S = Q @ lay.take(Ktt, d, cnt)
+    if gates is not None:
+        _, H, R, C = S.shape
+        S.view(cnt, H, R // C, C, C).add_(
+            _gate_tile(gates.G[:cnt], lay.take(gates.G, d, cnt), S.dtype))
+    return S
+
+
+def _gate_bounds(gates: BlockGates | None, G_range, d: int, cnt: int, lay: BlockLayout):
+    """(lowest, highest) gate term of every active query row's tile at step d, [cnt, H, R]
+    each, or None without gates. G_range = (min, max) of G over each block [NB, H, Gr]."""
     if gates is None:
-        return S, None
-    _, H, R, C = S.shape
-    S.view(cnt, H, R // C, C, C).sub_(lay.take(gates.gl, d, cnt)[..., None, :])
-    r = (gates.G[:cnt] - lay.take(gates.ref, d, cnt)[..., None]).to(S.dtype)
-    return S, r.view(cnt, H, R)
+        return None
+    Gq = gates.G[:cnt]  # [cnt, H, Gr, C]
+    lo = Gq - lay.take(G_range[1], d, cnt)[..., None]
+    hi = Gq - lay.take(G_range[0], d, cnt)[..., None]
+    return lo.flatten(2), hi.flatten(2)
 
 
 # Online-softmax shortcut: when no logit of a tile can exceed a row's running max by more
@@ -93,23 +106,18 @@ def _cross_logits(Q, Ktt, d, lay: BlockLayout, gates: BlockGates | None):
 _HEADROOM = 40.0
 
 
-def _row_bounds(qn, kmax, gl_range, r, C):
+def _row_bounds(qn, kmax, gate_range):
     """Upper and lower bounds of every row's logits in a tile, by Cauchy-Schwarz.
 
     qn [cnt, H, R] bound of the query-state norms; kmax [cnt, H] largest key norm of each
-    key block; gl_range = (min, max) [cnt, H, Gr] each of the gate column terms of each key
-    block, r [cnt, H, R] the gate row term (both None without gates). Returns two
-    [cnt, H, R] tensors.
+    key block; gate_range = (lowest, highest) gate term of each row [cnt, H, R] each, or
+    None. Returns two [cnt, H, R] tensors.
     """
     reach = qn * kmax[..., None]  # |scaled q~ . k~| <= reach
-    if r is None:
+    if gate_range is None:
         return reach, -reach
-    cnt, H, Gr = gl_range[0].shape
-
-    def per_row(x):  # [cnt, H, Gr] -> [cnt, H, R]
-        return x[..., None].expand(cnt, H, Gr, C).reshape(cnt, H, Gr * C)
-
-    return reach + r - per_row(gl_range[0]), r - per_row(gl_range[1]) - reach
+    lo, hi = (x.to(reach.dtype) for x in gate_range)
+    return reach + hi, lo - reach
 
 
 def block_growth(wb: torch.Tensor, bb: torch.Tensor) -> torch.Tensor:
@@ -145,7 +153,7 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
     del S
     Ktt = kt.transpose(-1, -2).contiguous()  # [NB, H, D, C]
     kmax = torch.linalg.vector_norm(kt, dim=-1).amax(-1)  # [NB, H]
-    gl_range = None if gates is None else gates.gl.aminmax(dim=-1)  # 2 x [NB, H, Gr]
+    G_range = None if gates is None else gates.G.aminmax(dim=-1)  # 2 x [NB, H, Gr]
     # qn bounds the norm of every query state: |q~| times the growth of the blocks passed
     qn = torch.linalg.vector_norm(qt, dim=-1)  # [NB, H, R]
     if growth is None:
@@ -155,23 +163,19 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
     for d in range(1, lay.n_max):
         cnt = lay.counts[d]
         Q = state[:cnt]
-        S, r = _cross_logits(Q, Ktt, d, lay, gates)
+        S = _cross_logits(Q, Ktt, d, lay, gates)
         m_old = m[:cnt]
-        bound, low = _row_bounds(
-            qn[:cnt], lay.take(kmax, d, cnt),
-            None if gl_range is None else [lay.take(x, d, cnt) for x in gl_range], r, C)
+        bound, low = _row_bounds(qn[:cnt], lay.take(kmax, d, cnt),
+                                 _gate_bounds(gates, G_range, d, cnt, lay))
         a = acc[:cnt].view(cnt * H, R, Dv)
         if bool((bound <= m_old + _HEADROOM).all()):
-            exp_cutoff_(S.sub_((m_old if r is None else m_old - r)[..., None]),
-                  above_cutoff=bool((low - m_old >= _EXP_CUTOFF).all()))
+            exp_cutoff_(S.sub_(m_old[..., None]),
+                        above_cutoff=bool((low - m_old >= _EXP_CUTOFF).all()))
             den[:cnt] += S.sum(-1)
         else:
-            m_blk = S.amax(-1)
-            if r is not None:
-                m_blk += r
-            m_new = torch.maximum(m_old, m_blk)
-            exp_cutoff_(S.sub_((m_new if r is None else m_new - r)[..., None]),
-                  above_cutoff=bool((low - m_new >= _EXP_CUTOFF).all()))
+            m_new = torch.maximum(m_old, S.amax(-1))
+            exp_cutoff_(S.sub_(m_new[..., None]),
+                        above_cutoff=bool((low - m_new >= _EXP_CUTOFF).all()))
             alpha = (m_old - m_new).exp_()  # [cnt, H, R]
             den[:cnt].mul_(alpha).add_(S.sum(-1))
             a.mul_(alpha.view(cnt * H, R, 1))
@@ -196,8 +200,7 @@ class ScanGrads(NamedTuple):
 
 
 def _tile_probs(S, lse):
-    """Softmax probabilities of a tile, in place: S [.., R, C] (net of the gate row term),
-    lse [.., R] (net of the row term)."""
+    """Softmax probabilities of a tile, in place: S [.., R, C], lse [.., R]."""
     return exp_cutoff_(S.sub_(lse[..., None]))
 
 
@@ -255,11 +258,10 @@ def backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | 
         for d in range(stop - 1, start - 1, -1):
             Q = states.pop()
             cnt = Q.shape[0]
-            S, r = _cross_logits(Q, Ktt, d, lay, gates)
-            P = _tile_probs(S, lse[:cnt] if r is None else lse[:cnt] - r)
+            P = _tile_probs(_cross_logits(Q, Ktt, d, lay, gates), lse[:cnt])
             lay.put_addmm(dv, d, P.transpose(-1, -2), do[:cnt])  # dV += P^T dO
             dS = _tile_dS(P, delta[:cnt], do[:cnt], lay.take(Vt, d, cnt))
-            del S, P
+            del P
             lay.put_addmm(dkt, d, dS.transpose(-1, -2), Q)  # dK~ += dS^T state
             if dcol is not None:
                 lay.put_add(dcol, d, dS.view(cnt, H, Gr, C, C).sum(-2))

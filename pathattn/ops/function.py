@@ -105,7 +105,7 @@ class PaTHAttnFunction(torch.autograd.Function):
         with torch.no_grad():
             blocks = _blocks(q, k, w, beta, lay, cd)
             vb = _kv_blocks(v, lay, cd)
-            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
             o_rows, lse = _forward_blocks(lay, *blocks, vb, gates, scale)
         ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
         ctx.scale, ctx.lay = scale, lay
@@ -124,7 +124,7 @@ class PaTHAttnFunction(torch.autograd.Function):
             # on real tokens, so their gradients map back with a gather (no scatter-add)
             blocks = _blocks(q, k, w, beta, lay, cd)
             vb = _kv_blocks(v, lay, cd)
-            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
             do_rows = _row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
             dqb, dkb, dwb, dbb, dvb, dcol = _backward_blocks(
                 lay, *blocks, vb, gates, do_rows, o_rows, lse, scale)
@@ -175,7 +175,7 @@ def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
     qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
     ut = ut_forward(qb, kb, wb, bb, scale)
     vb = _kv_blocks(v, lay, cd)
-    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, cd)
+    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
     o_rows, _ = scan_forward(lay, ut, vb, gates, wb, bb)
     keys = ut.kt @ _suffix_transitions(lay, ut.pt)  # [NB, H, C, D]
     keys = from_blocks(keys.transpose(1, 2), lay).view(B, T, H, D)

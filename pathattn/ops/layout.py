@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks", "sequence_bounds"]
+__all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks", "sequence_bounds",
+           "token_bounds"]
 
 
 @dataclass
@@ -39,6 +40,7 @@ class BlockLayout:
     counts: list[int]  # counts[d] = number of blocks with local index >= d, d < n_max
     key_rows: list[torch.Tensor]  # key_rows[d] [counts[d]] key block row of each active row
     key_lo: list[int | None]  # key_rows[d] == range(lo, lo + counts[d]) when not None
+    row_length: int | None = None  # T for a dense [B, T] batch, None for packed sequences
 
     @property
     def n_max(self) -> int:
@@ -123,6 +125,7 @@ def make_layout(B: int, T: int, C: int, cu_seqlens: torch.Tensor | None,
         pad_slots=to(torch.nonzero(~real).flatten()),
         token_slot=to(token_slot), token_seq_start=to(token_seq_start),
         token_seq_end=to(token_seq_end), counts=counts, key_rows=key_rows, key_lo=key_lo,
+        row_length=T if cu_seqlens is None else None,
     )
 
 
@@ -156,3 +159,16 @@ def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None
     starts, ends = cs[:-1], cs[1:]
     keep = ends > starts  # empty sequences own no block
     return starts[keep], ends[keep]
+
+
+def token_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None, device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token of the flattened [B * T] axis: the first token of its sequence and one past
+    its last ([B * T] int64 each, on `device`; no value is read back to the host)."""
+    if cu_seqlens is None:
+        starts = torch.arange(B, device=device).repeat_interleave(T) * T
+        return starts, starts + T
+    cu = cu_seqlens.to(device=device, dtype=torch.long)
+    lengths = cu[1:] - cu[:-1]
+    return (cu[:-1].repeat_interleave(lengths, output_size=B * T),
+            cu[1:].repeat_interleave(lengths, output_size=B * T))

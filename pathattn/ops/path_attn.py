@@ -6,6 +6,7 @@ import torch
 
 from .function import PaTHAttnFunction, compute_dtype, forward_with_keys
 from .layout import make_layout
+from .nonfinite import isolate_nonfinite, poison_keys, poison_rows
 from .triton import path_attn_triton, select_backend
 from .validation import check_block_size, check_path_attn_inputs
 
@@ -42,9 +43,9 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
         cu_seqlens: optional int tensor [N + 1] of packed sequence boundaries (B must be 1,
             FlashAttention convention). No attention and no Householder product crosses a
             boundary.
-        block_size: block length C of the blockwise algorithm (default 128, or the longest
-            sequence rounded up to a multiple of 16 when shorter; the UT transform itself
-            runs on sub-blocks of at most 64 tokens). With
+        block_size: block length C of the blockwise algorithm, at most 1024 (default 128;
+            the longest sequence rounded up to a multiple of 16 when that is shorter; the
+            UT transform itself runs on sub-blocks of at most 64 tokens). With
             backend="triton": a power of two in [16, 128] (default 64, 32 when D > 128).
         backend: "auto" (Triton kernels for CUDA tensors when triton is installed, the
             blockwise PyTorch path otherwise), "torch" or "triton" (on CPU tensors only
@@ -54,15 +55,22 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
     q, k, v, w share a dtype (float16, bfloat16, float32 or float64); beta and g may be any
     float dtype. Low precision inputs accumulate in float32. Returns o [B, T, HQ, Dv] in
     q's dtype, differentiable in q, k, v, w, beta and g.
+
+    A NaN or inf in token t's k, v, w, beta or g makes the rows i >= t of its sequence (and
+    those query heads) NaN, and a non-finite q_i row i; every other row is computed as if
+    it were not there, as the definition says (`pathattn.ops.nonfinite`).
     """
     if select_backend(backend, q) == "triton":
-        return path_attn_triton(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
-                                block_size=block_size)
+        check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+        (q, k, v, w, beta, g), bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
+        return poison_rows(path_attn_triton(q, k, v, w, beta, g, scale=scale,
+                                            cu_seqlens=cu_seqlens, block_size=block_size), bad)
     scale, lay = _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size)
     if lay is None:
         B, T, HQ, _ = q.shape
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
-    return PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, lay)
+    (q, k, v, w, beta, g), bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
+    return poison_rows(PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, lay), bad)
 
 
 def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
@@ -79,7 +87,11 @@ def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None
         B, T, HQ, D = q.shape
         return (q.new_zeros(B, T, HQ, v.shape[-1]),
                 k.new_zeros(B, T, k.shape[2], D, dtype=compute_dtype(q.dtype)))
-    return forward_with_keys(q, k, v, w, beta, g, scale, lay)
+    clean, bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
+    o, keys = forward_with_keys(*clean, scale, lay)
+    if bad is None:
+        return o, keys
+    return poison_rows(o, bad), poison_keys(keys, k, v, w, beta, cu_seqlens)
 
 
 def _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
@@ -90,14 +102,16 @@ def _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
     scale = D**-0.5 if scale is None else float(scale)
     if B * T == 0:
         return scale, None
-    C = default_block_size(T, cu_seqlens) if block_size is None else block_size
+    # a block longer than the longest sequence (rounded up to 16) only adds padding
+    C = default_block_size(T, cu_seqlens, block_size or DEFAULT_BLOCK_SIZE)
     return scale, make_layout(B, T, C, cu_seqlens, q.device)
 
 
-def default_block_size(T: int, cu_seqlens: torch.Tensor | None = None) -> int:
-    """DEFAULT_BLOCK_SIZE, or less for short sequences: the longest sequence rounded up to a
-    multiple of 16 (every sequence is padded to whole blocks, so a 10-token sequence in a
-    128-token block would cost 12x its work)."""
+def default_block_size(T: int, cu_seqlens: torch.Tensor | None = None,
+                       largest: int = DEFAULT_BLOCK_SIZE) -> int:
+    """`largest` (DEFAULT_BLOCK_SIZE), or less for short sequences: the longest sequence
+    rounded up to a multiple of 16 (every sequence is padded to whole blocks, so a 10-token
+    sequence in a 128-token block would cost 12x its work)."""
     longest = T if cu_seqlens is None or cu_seqlens.numel() < 2 else \
         int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    return min(DEFAULT_BLOCK_SIZE, max(16, -(-longest // 16) * 16))
+    return min(largest, max(16, -(-longest // 16) * 16))

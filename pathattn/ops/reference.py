@@ -46,9 +46,16 @@ def _softmax_out(logits: torch.Tensor, G: torch.Tensor | None, v: torch.Tensor) 
     """logits [HQ, T, T] (scaled, -inf above the diagonal), G [T, HQ] or None, v [T, HQ, Dv]."""
     if G is not None:
         Gt = G.transpose(0, 1)  # [HQ, T]
-        logits = logits + (Gt[:, :, None] - Gt[:, None, :])
+        L = Gt.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool, device=G.device).tril()
+        # the gate term exists for j <= i only: a non-finite G_j must not reach rows i < j
+        logits = logits + (Gt[:, :, None] - Gt[:, None, :]).masked_fill(~causal, 0)
     p = torch.softmax(logits, dim=-1)  # [HQ, T, T]
-    return torch.einsum("hij,jhd->ihd", p, v)  # [T, HQ, Dv]
+    if bool(torch.isfinite(v).all()):
+        return torch.einsum("hij,jhd->ihd", p, v)  # [T, HQ, Dv]
+    # o_i sums over j <= i only: a non-finite v_j must not reach rows i < j through 0 * inf
+    rows = [torch.einsum("hj,jhd->hd", p[:, i, : i + 1], v[: i + 1]) for i in range(v.shape[0])]
+    return torch.stack(rows, dim=0)  # [T, HQ, Dv]
 
 
 def _run(one_sequence, q, k, v, w, beta, g, scale, cu_seqlens, dtype):

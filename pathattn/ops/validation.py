@@ -65,13 +65,19 @@ def check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens) -> None:
         check_cu_seqlens(cu_seqlens, B, T)
 
 
+# A block's UT transform holds C x C matrices per head and its sub-block merges C x D ones;
+# beyond this length no sequence gets faster and the memory only grows.
+MAX_BLOCK_SIZE = 1024
+
+
 def check_block_size(block_size) -> int:
-    """block_size: None or a positive int (not bool)."""
+    """block_size: None or an int in [1, MAX_BLOCK_SIZE] (not bool)."""
     if block_size is None:
         return block_size
     if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) \
-            or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
+            or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be a positive integer at most {MAX_BLOCK_SIZE} "
+                         f"or None, got {block_size!r}")
     return int(block_size)
 
 

@@ -25,7 +25,7 @@ def _scan_inputs(q_scale: float, gates: bool, seed: int = 0):
     bb = 2 * torch.rand(NB, H, C, generator=gen)
     vb = torch.randn(NB, H, C, D, generator=gen)
     g = F.logsigmoid(torch.randn(B * T, H * Gr, generator=gen) + 2) if gates else None
-    gt = None if g is None else block_gates(g, lay, H, torch.float32)
+    gt = None if g is None else block_gates(g, lay, H)
     return lay, block_ut(qb, kb, wb, bb, D**-0.5), vb, gt, block_growth(wb, bb)
 
 
@@ -64,21 +64,18 @@ def test_row_bounds_hold(gates):
     """Every cross-tile logit lies within `_row_bounds` (they decide the no-rescale shortcut
     and skipping the exp cutoff)."""
     lay, ut, vb, gt, growth = _scan_inputs(3.0, gates)
-    C = lay.C
     Ktt = ut.kt.transpose(-1, -2).contiguous()
     kmax = torch.linalg.vector_norm(ut.kt, dim=-1).amax(-1)
-    gl_range = None if gt is None else gt.gl.aminmax(dim=-1)
+    G_range = None if gt is None else gt.G.aminmax(dim=-1)
     qn = torch.linalg.vector_norm(ut.qt, dim=-1)
     state = ut.qt
     checked = 0
     for d in range(1, lay.n_max):
         cnt = lay.counts[d]
         Q = state[:cnt]
-        S, r = blockwise._cross_logits(Q, Ktt, d, lay, gt)
-        full = S if r is None else S + r[..., None]  # [cnt, H, R, C] logits with gates
-        up, low = blockwise._row_bounds(
-            qn[:cnt], lay.take(kmax, d, cnt),
-            None if gl_range is None else [lay.take(x, d, cnt) for x in gl_range], r, C)
+        full = blockwise._cross_logits(Q, Ktt, d, lay, gt)  # [cnt, H, R, C] with gates
+        up, low = blockwise._row_bounds(qn[:cnt], lay.take(kmax, d, cnt),
+                                        blockwise._gate_bounds(gt, G_range, d, cnt, lay))
         assert (full.amax(-1) <= up + 1e-4).all() and (full.amin(-1) >= low - 1e-4).all()
         checked += 1
         if d + 1 < lay.n_max:

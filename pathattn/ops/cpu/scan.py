@@ -39,11 +39,9 @@ def fused_forward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGat
 
 
 def _kernel_args(lay, qt, kt, pt, s_diag, vb, gates):
-    gl = G = None
-    if gates is not None:
-        gl, G = gates.gl.contiguous(), gates.G.contiguous()
+    G = None if gates is None else gates.G.contiguous()
     return (qt.contiguous(), kt.contiguous(), pt.contiguous(), s_diag.contiguous(),
-            vb.contiguous(), predecessors(lay), gl, G)
+            vb.contiguous(), predecessors(lay), G)
 
 
 def scan_forward(lay: BlockLayout, ut: BlockUT, vb, gates: BlockGates | None, wb, bb):

@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
@@ -86,7 +87,7 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   for (int64_t i = 0; i < R; ++i) {
     const int64_t p = i % C;
     T* row = S + i * C;
-    if (gated) diag_gate_row(row, A.gl + (ah * Gr + i / C) * C, p);
+    if (gated) diag_gate_row(row, A.G + (ah * Gr + i / C) * C, p);
     for (int64_t j = 0; j <= p; ++j) row[j] -= lse[i];
     exp_nonpos(row, static_cast<int>(p + 1));
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;
@@ -122,13 +123,11 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     gemm_rm<T>(R, C, D, sk, D, false, ktb, D, true, S, C, false);
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * C;
-      T shift = lse[i];
-      if (gated) {  // as the forward kernel: S - gl_b[j], then - (lse - (G_i - ref_b))
+      if (gated) {  // as the forward kernel
         const int64_t gi = i / C;
-        shift = lse[i] - cross_gate_row(row, A.gl + (bh * Gr + gi) * C, C,
-                                        A.G[(ah * Gr + gi) * C + i % C], A.G[(bh * Gr + gi) * C]);
+        cross_gate_row(row, A.G + (bh * Gr + gi) * C, C, A.G[(ah * Gr + gi) * C + i % C]);
       }
-      for (int64_t j = 0; j < C; ++j) row[j] -= shift;
+      for (int64_t j = 0; j < C; ++j) row[j] -= lse[i];
       exp_nonpos(row, static_cast<int>(C));
     }
     gemm_rm<T>(C, Dv, R, S, C, true, dO, Dv, false, A.dv + bh * C * Dv, Dv, true);
@@ -211,10 +210,10 @@ void run_all(const BwdArgs<T>& A) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> scan_bwd(
     const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,
-    const std::optional<at::Tensor>& gl, const std::optional<at::Tensor>& G,
+    const std::optional<at::Tensor>& G,
     const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta) {
   const char* op = "scan_bwd";
-  check_scan_inputs(op, qt, kt, pt, s_diag, vb, pred, gl, G);
+  check_scan_inputs(op, qt, kt, pt, s_diag, vb, pred, G);
   const auto dt = qt.scalar_type();
   check_input(op, dout, "dout", 4, dt);
   check_input(op, lse, "lse", 3, dt);
@@ -229,13 +228,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   auto dpt = at::zeros_like(pt);
   auto ds_diag = at::empty_like(s_diag);
   auto dv = at::zeros_like(vb);
-  auto dcol = gated ? at::zeros_like(*gl) : at::empty({0}, qt.options());
+  auto dcol = gated ? at::zeros(G->sizes(), qt.options()) : at::empty({0}, qt.options());
   std::vector<at::Tensor> outs = {dqt, dkt, dpt, ds_diag, dv, dcol};
   if (dt == at::kFloat) {
-    run_all<float>(BwdArgs<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, gl, G), dout,
+    run_all<float>(BwdArgs<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G), dout,
                                   lse, delta, outs));
   } else {
-    run_all<double>(BwdArgs<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, gl, G),
+    run_all<double>(BwdArgs<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G),
                                     dout, lse, delta, outs));
   }
   return std::make_tuple(dqt, dkt, dpt, ds_diag, dv, dcol);
@@ -245,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(pathattn_cpu, m) {
   m.def("scan_bwd(Tensor qt, Tensor kt, Tensor pt, Tensor s_diag, Tensor vb, Tensor pred, "
-        "Tensor? gl, Tensor? G, Tensor dout, Tensor lse, Tensor delta) -> "
+        "Tensor? G, Tensor dout, Tensor lse, Tensor delta) -> "
         "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.impl("scan_bwd", c10::DispatchKey::CPU, TORCH_FN(scan_bwd));
 }

@@ -10,22 +10,20 @@ namespace pathattn_cpu {
 
 // qt [NB, H, R, D]; kt [NB, H, C, D]; pt [NB, H, D, D]; s_diag [NB, H, R, C];
 // vb [NB, H, C, Dv]; pred [NB] int64 (row of the previous block of the sequence, or -1);
-// gates (both or neither): gl [NB, H, Gr, C] compute dtype and G [NB, H, Gr, C] float64
-// (`gates.BlockGates`; ref_b = G[b, ..., 0]).
+// gates: G [NB, H, Gr, C] float64, the per-sequence cumulative log forget gates at every
+// slot (`gates.BlockGates`), or none.
 template <typename T>
 struct ScanInputs {
   const T *qt, *kt, *pt, *s_diag, *vb;
-  const T* gl;      // nullptr without gates
   const double* G;  // nullptr without gates
   const int64_t* pred;
   int64_t NB, H, R, C, D, Dv;
 
   ScanInputs(const at::Tensor& qt_, const at::Tensor& kt_, const at::Tensor& pt_,
              const at::Tensor& s_diag_, const at::Tensor& vb_, const at::Tensor& pred_,
-             const std::optional<at::Tensor>& gl_, const std::optional<at::Tensor>& G_)
+             const std::optional<at::Tensor>& G_)
       : qt(qt_.data_ptr<T>()), kt(kt_.data_ptr<T>()), pt(pt_.data_ptr<T>()),
         s_diag(s_diag_.data_ptr<T>()), vb(vb_.data_ptr<T>()),
-        gl(gl_.has_value() ? gl_->data_ptr<T>() : nullptr),
         G(G_.has_value() ? G_->data_ptr<double>() : nullptr),
         pred(pred_.data_ptr<int64_t>()), NB(qt_.size(0)), H(qt_.size(1)), R(qt_.size(2)),
         C(kt_.size(2)), D(qt_.size(3)), Dv(vb_.size(3)) {}
@@ -35,7 +33,6 @@ struct ScanInputs {
 inline void check_scan_inputs(const char* op, const at::Tensor& qt, const at::Tensor& kt,
                               const at::Tensor& pt, const at::Tensor& s_diag,
                               const at::Tensor& vb, const at::Tensor& pred,
-                              const std::optional<at::Tensor>& gl,
                               const std::optional<at::Tensor>& G) {
   const auto dt = qt.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
@@ -52,32 +49,29 @@ inline void check_scan_inputs(const char* op, const at::Tensor& qt, const at::Te
   TORCH_CHECK(s_diag.sizes() == at::IntArrayRef({NB, H, R, C}), op, ": s_diag shape");
   TORCH_CHECK(vb.sizes() == at::IntArrayRef({NB, H, C, Dv}), op, ": vb shape");
   TORCH_CHECK(R % C == 0 && pred.size(0) == NB, op, ": R or pred shape");
-  TORCH_CHECK(gl.has_value() == G.has_value(), op, ": gl and G are given together");
   if (G.has_value()) {
-    check_input(op, *gl, "gl", 4, dt);
     check_input(op, *G, "G", 4, at::kDouble);
     TORCH_CHECK(G->sizes() == at::IntArrayRef({NB, H, R / C, C}), op, ": G shape");
-    TORCH_CHECK(gl->sizes() == G->sizes(), op, ": gl shape");
   }
   const int64_t* pr = pred.data_ptr<int64_t>();
   for (int64_t a = 0; a < NB; ++a)
     TORCH_CHECK(pr[a] < NB && pr[a] != a, op, ": pred[", a, "] out of range");
 }
 
-// Gate terms, operation for operation as blockwise._diag_logits and _cross_logits: the
-// backward recomputes the forward's probabilities from lse, so all scans must round alike.
-// Diagonal block, row of in-block position p: row[j] = (row[j] + gl[p]) - gl[j], j <= p.
+// Gate terms, operation for operation as blockwise._gate_tile: G_i - G_j in double, then
+// cast and added to the logit. The backward recomputes the forward's probabilities from
+// lse, so both scans must round alike (they share these helpers).
+// Diagonal block, row of in-block position p: row[j] += G_b[p] - G_b[j], j <= p.
 template <typename T>
-inline void diag_gate_row(T* row, const T* gl, int64_t p) {
-  for (int64_t j = 0; j <= p; ++j) row[j] = (row[j] + gl[p]) - gl[j];
+inline void diag_gate_row(T* row, const double* G_b, int64_t p) {
+  const double Gi = G_b[p];
+  for (int64_t j = 0; j <= p; ++j) row[j] += static_cast<T>(Gi - G_b[j]);
 }
 
-// Key block b of C keys: row[j] -= gl_b[j]; returns the row term G_i - ref_b, which the
-// caller folds into the row's shift (logit = row[j] + term).
+// Key block b of C keys: row[j] += G_i - G_b[j].
 template <typename T>
-inline T cross_gate_row(T* row, const T* gl_b, int64_t C, double G_i, double ref_b) {
-  for (int64_t j = 0; j < C; ++j) row[j] -= gl_b[j];
-  return static_cast<T>(G_i - ref_b);
+inline void cross_gate_row(T* row, const double* G_b, int64_t C, double G_i) {
+  for (int64_t j = 0; j < C; ++j) row[j] += static_cast<T>(G_i - G_b[j]);
 }
 
 }  // namespace pathattn_cpu

@@ -5,9 +5,9 @@
 // on one thread. A task keeps its tiles in cache: the query state [R, D], one logit tile
 // [R, C] and the accumulator [R, Dv], and walks its sequence's key blocks right to left:
 //
-//   diagonal:  S = s_diag[a] (+ gl_i - gl_j), masked j <= i % C; online softmax initialised.
+//   diagonal:  S = s_diag[a] (+ G_i - G_j), masked j <= i % C; online softmax initialised.
 //   b = pred[a], pred[pred[a]], ...:
-//       S      = state @ K~_b^T            (- gl_b[j] + G_i - ref_b with gates)
+//       S      = state @ K~_b^T            (+ G_i - G_j with gates)
 //       m, den, acc <- online softmax update with S, acc += P @ V_b
 //       state  = state @ Pt_b              (only while b has a predecessor)
 //
@@ -60,7 +60,7 @@ void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
   for (int64_t i = 0; i < R; ++i) {
     const int64_t p = i % C, g = i / C;
     T* row = S + i * C;
-    if (gated) diag_gate_row(row, A.gl + (ah * Gr + g) * C, p);
+    if (gated) diag_gate_row(row, A.G + (ah * Gr + g) * C, p);
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;  // masked: probability 0
     const T mx = row_max(row, static_cast<int>(p + 1));
     for (int64_t j = 0; j <= p; ++j) row[j] -= mx;
@@ -78,15 +78,12 @@ void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
     gemm_rm<T>(R, C, D, state, D, false, A.kt + bh * C * D, D, true, S, C, false);
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * C;
-      T rt = 0;  // row term G_i - ref_b
       if (gated) {
         const int64_t g = i / C;
-        rt = cross_gate_row(row, A.gl + (bh * Gr + g) * C, C, A.G[(ah * Gr + g) * C + i % C],
-                            A.G[(bh * Gr + g) * C]);
+        cross_gate_row(row, A.G + (bh * Gr + g) * C, C, A.G[(ah * Gr + g) * C + i % C]);
       }
-      const T m_new = std::max(m[i], row_max(row, static_cast<int>(C)) + rt);
-      const T shift = m_new - rt;
-      for (int64_t j = 0; j < C; ++j) row[j] -= shift;
+      const T m_new = std::max(m[i], row_max(row, static_cast<int>(C)));
+      for (int64_t j = 0; j < C; ++j) row[j] -= m_new;
       exp_nonpos(row, static_cast<int>(C));
       const T sum = row_sum(row, static_cast<int>(C));
       if (m_new > m[i]) {
@@ -137,16 +134,16 @@ void run_all(const Args<T>& A) {
 std::tuple<at::Tensor, at::Tensor> scan_fwd(
     const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,
-    const std::optional<at::Tensor>& gl, const std::optional<at::Tensor>& G) {
-  check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, gl, G);
+    const std::optional<at::Tensor>& G) {
+  check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, G);
   const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
   auto o = at::empty({NB, H, R, Dv}, qt.options());
   auto lse = at::empty({NB, H, R}, qt.options());
   if (qt.scalar_type() == at::kFloat) {
-    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, gl, G), o, lse));
+    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G), o, lse));
   } else {
     run_all<double>(
-        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, gl, G), o, lse));
+        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G), o, lse));
   }
   return {o, lse};
 }
@@ -155,6 +152,6 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd(
 
 TORCH_LIBRARY(pathattn_cpu, m) {
   m.def("scan_fwd(Tensor qt, Tensor kt, Tensor pt, Tensor s_diag, Tensor vb, Tensor pred, "
-        "Tensor? gl, Tensor? G) -> (Tensor, Tensor)");
+        "Tensor? G) -> (Tensor, Tensor)");
   m.impl("scan_fwd", c10::DispatchKey::CPU, TORCH_FN(scan_fwd));
 }

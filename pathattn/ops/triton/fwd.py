@@ -30,8 +30,9 @@ __all__ = ["fwd_scan"]
 def query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0, hq, h,
                       scale, HQ, H, D, cols, cmask, HAS_G: tl.constexpr, BT: tl.constexpr,
                       PREC: tl.constexpr):
-    """Q~ (scaled), the masked in-block logits S [BT, BT] (gates included), and the gate
-    row term gq_i = G_i - G_{t0} ([BT], zero without gates) of one query block."""
+    """Q~ (scaled), the masked in-block logits S [BT, BT] (gates included), and the
+    queries' cumulative gates gq = G_i ([BT] float64, zero without gates) of one query
+    block. Gate terms G_i - G_j are formed in float64 and then cast (`pathattn.ops.gates`)."""
     cbt = tl.arange(0, BT)
     Q = load_tile(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask) * scale
     W = load_tile(w_ptr, rows, rmask, H * D, h * D, cols, cmask)
@@ -41,12 +42,10 @@ def query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
     QW = tl.where(cbt[:, None] >= cbt[None, :], mm(Q, tl.trans(W), PREC), 0.0)
     x = Q - mm(QW, U, PREC)
     S = mm(Q, tl.trans(K), PREC) - mm(QW, M, PREC)
-    gq = tl.zeros([BT], dtype=tl.float32)
+    gq = tl.zeros([BT], dtype=tl.float64)
     if HAS_G:
-        G0 = tl.load(g_ptr + t0.to(tl.int64) * HQ + hq)
-        gq = (tl.load(g_ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=0.0) - G0)
-        gq = gq.to(tl.float32)
-        S += gq[:, None] - gq[None, :]
+        gq = tl.load(g_ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=0.0)
+        S += (gq[:, None] - gq[None, :]).to(tl.float32)
     keep = (cbt[:, None] >= cbt[None, :]) & rmask[None, :]
     S = tl.where(keep, S, float("-inf"))
     return x, S, gq
@@ -61,10 +60,8 @@ def key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols, cm
     Kt = load_tile(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
-        Gb0 = tl.load(g_ptr + tb.to(tl.int64) * HQ + hq)
-        r = (tl.load(g_ptr + t0.to(tl.int64) * HQ + hq) - Gb0).to(tl.float32)
-        gk = (tl.load(g_ptr + kr.to(tl.int64) * HQ + hq) - Gb0).to(tl.float32)
-        S += (gq + r)[:, None] - gk[None, :]
+        gk = tl.load(g_ptr + kr.to(tl.int64) * HQ + hq, mask=kmask, other=0.0)
+        S += (gq[:, None] - gk[None, :]).to(tl.float32)
     return S, Kt
 
 

@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 import triton.language as tl
 
+from ..gates import sequence_cumsum
+from ..layout import token_bounds
 from ..validation import check_path_attn_inputs
 from ._common import block_table, interpreting, tile_kwargs
 from .bwd import bwd_scan
@@ -47,32 +49,20 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape((-1,) + tuple(x.shape[2:])).contiguous()
 
 
-def _seq_bounds(B: int, T: int, cu_seqlens, device):
-    """Per token: first token of its sequence and one past its last ([B * T] long each)."""
-    if cu_seqlens is None:
-        starts = torch.arange(B, device=device).repeat_interleave(T) * T
-        return starts, starts + T
-    cu = cu_seqlens.to(device=device, dtype=torch.long)
-    lengths = cu[1:] - cu[:-1]
-    return (cu[:-1].repeat_interleave(lengths, output_size=B * T),
-            cu[1:].repeat_interleave(lengths, output_size=B * T))
-
-
 def _cumulative_gates(g, B, T, cu_seqlens):
-    """G [B * T, HQ] float64: per-sequence cumulative sum of the log forget gates."""
-    g64 = _flat(g).to(torch.float64)  # [N, HQ]
-    cs = torch.cat([g64.new_zeros(1, g64.shape[1]), g64.cumsum(0)])  # [N + 1, HQ]
-    start, _ = _seq_bounds(B, T, cu_seqlens, g.device)
-    return (cs[1:] - cs.index_select(0, start)).contiguous()
+    """G [B * T, HQ] float64: per-sequence cumulative sum of the log forget gates (no sum
+    crosses a sequence, see `pathattn.ops.gates`)."""
+    start, end = token_bounds(B, T, cu_seqlens, g.device)
+    return sequence_cumsum(_flat(g).to(torch.float64), start, end,
+                           row_length=T if cu_seqlens is None else None).contiguous()
 
 
 def _gate_grad(dcol, B, T, cu_seqlens):
     """dL/dg [B * T, HQ] from the column sums of dS: dL/dG_j = -colsum_j, and
     dL/dg_t = sum of dL/dG_s over s >= t in t's sequence."""
-    dG = -dcol.to(torch.float64)
-    suffix = torch.cat([dG.flip(0).cumsum(0).flip(0), dG.new_zeros(1, dG.shape[1])])
-    _, end = _seq_bounds(B, T, cu_seqlens, dcol.device)
-    return suffix[:-1] - suffix.index_select(0, end)
+    start, end = token_bounds(B, T, cu_seqlens, dcol.device)
+    return sequence_cumsum(-dcol.to(torch.float64), start, end, reverse=True,
+                           row_length=T if cu_seqlens is None else None)
 
 
 def _setup(q, block_size: int, seg: int, B, T, cu_seqlens):

@@ -37,7 +37,7 @@ def _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special=""):
     lay = make_layout(B, T, C, cu_t, torch.device("cpu"))
     blocks = _blocks(q, k, w, beta, lay, dtype)
     vb = _kv_blocks(v, lay, dtype)
-    gt = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H, dtype)
+    gt = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
     return lay, block_ut(*blocks, D**-0.5), vb, gt, blocks[2:]
 
 
@@ -154,9 +154,9 @@ def test_torch_fallback_matches_reference(gates, monkeypatch):
 def test_opcheck(gates):
     """Schema, fake (meta) implementation and dispatch of the registered op."""
     lay, ut, vb, gt, _ = _block_inputs(1, 100, 2, 1, 16, 8, 32, gates, None, torch.float32)
-    gl, G = (None, None) if gt is None else (gt.gl.contiguous(), gt.G.contiguous())
+    G = None if gt is None else gt.G.contiguous()
     args = (ut.qt.contiguous(), ut.kt.contiguous(), ut.pt.contiguous(),
-            ut.s_diag.contiguous(), vb, predecessors(lay), gl, G)
+            ut.s_diag.contiguous(), vb, predecessors(lay), G)
     torch.library.opcheck(torch.ops.pathattn_cpu.scan_fwd.default, args)
     o, lse = torch.ops.pathattn_cpu.scan_fwd(*args)
     do = torch.randn_like(o)

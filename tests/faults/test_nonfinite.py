@@ -1,0 +1,84 @@
+"""A NaN or inf in one token's inputs reaches only that token and the later tokens of its
+sequence, as in the definition (and the float64 reference): never the earlier tokens of
+its block, never another sequence. Every backend, forward and gradients, and the prefill.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pathattn import path_attn_prefill
+from pathattn.ops import path_attn_with_keys
+from pathattn.ops.reference import path_attn_naive
+from tests.faults._backends import op  # noqa: F401  (fixture)
+from tests.ops._helpers import NAMES, make_dout, make_inputs, rel_err, run_with_grads
+
+T_BAD = 13  # inside the first 16-token block: the blockwise paths meet it in a block
+VALUES = {"nan": float("nan"), "inf": float("inf")}
+
+
+def _hurt(inputs, name, value, index):
+    i = NAMES.index(name)
+    x = inputs[i].clone()
+    x[index] = value
+    return inputs[:i] + (x,) + inputs[i + 1:]
+
+
+@pytest.mark.parametrize("value", list(VALUES), ids=list(VALUES))
+@pytest.mark.parametrize("name", NAMES)
+def test_only_later_tokens_of_the_sequence(op, name, value):  # noqa: F811
+    B, T, HQ, H, D = 2, 40, 2, 1, 16
+    inputs = make_inputs(B, T, HQ, H, D, D, gates=True)
+    hurt = _hurt(inputs, name, VALUES[value], (0, T_BAD))
+    o = op(*hurt)
+    ref = path_attn_naive(*(x.double() for x in hurt))
+    # the same rows are non-finite as in the reference: row 0 from T_BAD on (only T_BAD
+    # itself for q), and nothing else
+    assert torch.equal(~torch.isfinite(o), ~torch.isfinite(ref))
+    expect = torch.zeros(B, T, dtype=torch.bool)
+    expect[0, T_BAD:] = True
+    if name == "q":
+        expect[0, T_BAD + 1:] = False
+    assert torch.equal((~torch.isfinite(o)).any(-1).any(-1), expect)
+    ok = torch.isfinite(ref)
+    assert rel_err(o[ok], ref[ok]) < 1e-5
+    torch.testing.assert_close(o[1], op(*inputs)[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_of_earlier_tokens(op, name):  # noqa: F811
+    """Differentiating the finite rows (before the NaN) gives finite gradients, equal to
+    those of the same rows computed without the NaN."""
+    B, T, HQ, H, D = 1, 40, 2, 2, 16
+    inputs = make_inputs(B, T, HQ, H, D, D, gates=True)
+    dout = make_dout(B, T, HQ, D)
+    dout[:, T_BAD:] = 0
+    clean = run_with_grads(op, inputs, dout)
+    hurt = run_with_grads(op, _hurt(inputs, name, float("nan"), (0, T_BAD)), dout)
+    for n, got, ref in zip(NAMES, hurt[1], clean[1], strict=True):
+        assert torch.isfinite(got).all(), n
+        assert rel_err(got, ref) < 1e-6, n
+
+
+def test_packed_sequences():
+    """A NaN w in the first packed sequence: the second is untouched."""
+    T, HQ, H, D = 50, 2, 1, 16
+    cu = torch.tensor([0, 20, 50])
+    inputs = make_inputs(1, T, HQ, H, D, D, gates=True)
+    from pathattn import path_attn
+    o = path_attn(*_hurt(inputs, "w", float("nan"), (0, 5)), cu_seqlens=cu)
+    assert torch.isfinite(o[:, :5]).all() and torch.isnan(o[:, 5:20]).all()
+    torch.testing.assert_close(o[:, 20:], path_attn(*inputs, cu_seqlens=cu)[:, 20:],
+                               rtol=0, atol=0)
+
+
+def test_prefill_keeps_earlier_tokens():
+    """The prefill's output rows before a NaN w are finite; the cached keys that carry its
+    transform (j < t) are NaN, later keys are not."""
+    B, T, HQ, H, D = 1, 40, 2, 1, 16
+    inputs = _hurt(make_inputs(B, T, HQ, H, D, D, gates=True), "w", float("nan"), (0, T_BAD))
+    o, _ = path_attn_prefill(*inputs)
+    assert torch.isfinite(o[:, :T_BAD]).all() and torch.isnan(o[:, T_BAD:]).all()
+    _, keys = path_attn_with_keys(*inputs)
+    assert torch.isnan(keys[:, :T_BAD + 1]).all() and torch.isfinite(keys[:, T_BAD + 1:]).all()
