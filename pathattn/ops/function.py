@@ -119,7 +119,8 @@ class PaTHAttnFunction(torch.autograd.Function):
         B, T, HQ, _ = q.shape
         H = k.shape[2]
         cd = compute_dtype(q.dtype)
-        with torch.no_grad():
+        # a backward run inside an autocast region keeps the op's own precision rule
+        with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
             # autograd starts at the block tensors: the token <-> slot maps are bijective
             # on real tokens, so their gradients map back with a gather (no scatter-add)
             blocks = _blocks(q, k, w, beta, lay, cd)

@@ -59,7 +59,16 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
     A NaN or inf in token t's k, v, w, beta or g makes the rows i >= t of its sequence (and
     those query heads) NaN, and a non-finite q_i row i; every other row is computed as if
     it were not there, as the definition says (`pathattn.ops.nonfinite`).
+
+    Autocast does not reach inside: the op keeps its own precision rule (above) and
+    returns q's dtype whatever autocast region it is called in.
     """
+    device = q.device.type if isinstance(q, torch.Tensor) else "cpu"  # bad q: checked below
+    with torch.autocast(device, enabled=False):
+        return _path_attn(q, k, v, w, beta, g, scale, cu_seqlens, block_size, backend)
+
+
+def _path_attn(q, k, v, w, beta, g, scale, cu_seqlens, block_size, backend):
     if select_backend(backend, q) == "triton":
         check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
         (q, k, v, w, beta, g), bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
@@ -88,7 +97,8 @@ def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None
         return (q.new_zeros(B, T, HQ, v.shape[-1]),
                 k.new_zeros(B, T, k.shape[2], D, dtype=compute_dtype(q.dtype)))
     clean, bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
-    o, keys = forward_with_keys(*clean, scale, lay)
+    with torch.autocast(q.device.type, enabled=False):
+        o, keys = forward_with_keys(*clean, scale, lay)
     if bad is None:
         return o, keys
     return poison_rows(o, bad), poison_keys(keys, k, v, w, beta, cu_seqlens)
