@@ -18,12 +18,21 @@ attention type with the same options and writes DIR/results.md (markdown table),
 DIR/results.json and DIR/error_vs_step.png.
 
 `pathattn layers --task a5 --length K --attns path rope --out DIR` finds, per attention
-type, the fewest layers whose final score reaches 0.9 (`pathattn.train.sweep`)."""
+type, the fewest layers whose final score reaches 0.9 (`pathattn.train.sweep`).
+
+Run folders (`pathattn.train.run_dir`): train, compare and layers refuse a --out that
+already holds a run unless --resume (continue it) or --overwrite (replace it) is given, and
+lock it while they write: a second command on the same --out exits at once (status 1).
+Ctrl-C or SIGTERM during training finishes the step, writes a checkpoint, prints the
+command that resumes it and exits with 130 / 143; a second Ctrl-C aborts at once."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
+import warnings
 from collections.abc import Sequence
 
 from .tasks import (
@@ -115,6 +124,8 @@ TRAIN_OPTIONS = [
      "batches per split in the final evaluation, metrics.json (default 64)"),
     ("--log-every", "log_every", int, "steps between log.jsonl records (default 10)"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (500)"),
+    ("--keep-checkpoints", "keep_checkpoints", int,
+     "checkpoints kept on disk, the latest and older ones to fall back on (default 2)"),
     ("--num-pairs", "num_pairs", int, "flipflop (instruction, bit) pairs (default 256)"),
     ("--length", "length", int, "a5, s5 (default 32), mqrar (default 768) tokens"),
     ("--alphabet", "alphabet", str, "a5, s5: elements or generators"),
@@ -131,8 +142,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     p.add_argument("--out", required=True, help="run directory (out_dir)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the checkpoint in --out with its stored config")
+    _add_run_dir_flags(p, "continue from the checkpoint in --out with its stored config",
+                       "replace the run in --out (its logs, metrics and checkpoints)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--context-parallel", type=int, default=1, metavar="N",
                    help="under torchrun: ranks sharing each sequence (context parallelism, "
@@ -140,22 +151,38 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_train)
 
 
+def _add_run_dir_flags(p: argparse.ArgumentParser, resume_help: str,
+                       overwrite_help: str) -> None:
+    """--resume / --overwrite (one or the other): what to do with a --out that already
+    holds a run (`pathattn.train.run_dir`; without either such a --out is refused)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help=resume_help)
+    group.add_argument("--overwrite", action="store_true", help=overwrite_help)
+
+
 def _train_config(args: argparse.Namespace):
-    """The TrainConfig of parsed `train` arguments (the checkpoint's with --resume)."""
-    from .train import TrainConfig, latest_step, load_checkpoint
+    """The TrainConfig of parsed `train` arguments (the checkpoint's with --resume; options
+    that do not change results, e.g. --keep-checkpoints, may differ from it)."""
+    from .train import CheckpointWarning, TrainConfig, load_checkpoint
+    from .train.config import NOT_IDENTITY
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
              if getattr(args, dest) is not None}
     common = dict(out_dir=args.out, progress=not args.no_progress)
     if not args.resume:
         return TrainConfig(**given, **common)
-    if latest_step(args.out) is None:
-        raise ValueError(f"--resume: no checkpoint in {args.out}")
-    stored = load_checkpoint(args.out)["config"]
-    diff = sorted(k for k, v in given.items() if stored[k] != v)
+    try:
+        with warnings.catch_warnings():  # the Trainer warns when it loads the checkpoint
+            warnings.simplefilter("ignore", CheckpointWarning)
+            stored = load_checkpoint(args.out)["config"]
+    except FileNotFoundError:
+        raise ValueError(f"--resume: no checkpoint in {args.out} (start over with "
+                         "--overwrite)") from None
+    diff = sorted(k for k, v in given.items() if k not in NOT_IDENTITY and stored.get(k) != v)
     if diff:
         raise ValueError(f"--resume: options {diff} differ from the checkpoint's config")
-    return TrainConfig.from_dict({**stored, **common})
+    own = {k: v for k, v in given.items() if k in NOT_IDENTITY}
+    return TrainConfig.from_dict({**stored, **own, **common})
 
 
 def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -163,12 +190,14 @@ def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     try:
         cfg = _train_config(args)
-        trainer = Trainer(cfg, resume=args.resume, context_parallel=args.context_parallel)
+        trainer = Trainer(cfg, resume=args.resume, context_parallel=args.context_parallel,
+                          overwrite=args.overwrite)
     except ValueError as e:
         parser.error(str(e))
     metrics = trainer.train()
     if trainer.parallel is not None:  # torchrun: rank 0 has written everything
         trainer.parallel.close()
+    trainer.close()
     if trainer.is_main:
         print(json.dumps(metrics))
         print(f"wrote {cfg.out_dir}/log.jsonl, metrics.json and checkpoints/")
@@ -185,6 +214,8 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attns", nargs="+", default=["path", "rope"],
                    help="attention types to compare (default: path rope)")
     p.add_argument("--out", required=True, help="output directory")
+    _add_run_dir_flags(p, "reuse the finished runs in --out, continue the others from their "
+                       "checkpoints", "replace the runs in --out")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.set_defaults(run=_run_compare)
 
@@ -197,7 +228,8 @@ def _run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     try:
         base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
                            progress=not args.no_progress)
-        final = compare(base, args.attns, args.out)
+        final = compare(base, args.attns, args.out, resume=args.resume,
+                        overwrite=args.overwrite)
     except ValueError as e:
         parser.error(str(e))
     print(markdown_table(final, base.task), end="")
@@ -220,6 +252,8 @@ def _add_layers(sub: argparse._SubParsersAction) -> None:
                    help="depths to try, in increasing order (default 1 2 3 4)")
     p.add_argument("--threshold", type=float, default=0.9, help="solved score (0.9)")
     p.add_argument("--out", required=True, help="output directory")
+    _add_run_dir_flags(p, "continue unfinished runs in --out from their checkpoints",
+                       "replace the runs in --out, finished ones included")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.set_defaults(run=_run_layers)
 
@@ -232,7 +266,8 @@ def _run_layers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     try:
         base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
                            progress=not args.no_progress)
-        results = fewest_layers(base, args.attns, args.depths, args.out, args.threshold)
+        results = fewest_layers(base, args.attns, args.depths, args.out, args.threshold,
+                                resume=args.resume, overwrite=args.overwrite)
     except ValueError as e:
         parser.error(str(e))
     print(layers_table(results, base, args.threshold), end="")
@@ -250,7 +285,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _resume_command(argv: Sequence[str]) -> str:
+    """The command line that continues an interrupted one: the same with --resume (and
+    without --overwrite)."""
+    args = [a for a in argv if a != "--overwrite"]
+    return shlex.join(["pathattn", *args, *(["--resume"] * ("--resume" not in args))])
+
+
+def _one_line_warnings(default_show, categories: tuple[type[Warning], ...]):
+    """A `warnings.showwarning` that prints warnings of `categories` (a damaged checkpoint
+    skipped, ...) as one line for the user, without the source line, and the rest as
+    `default_show` does."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, categories):
+            print(f"pathattn: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            default_show(message, category, filename, lineno, file, line)
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A training stopped by a signal exits with 128 + its number after
+    printing how to resume; a --out locked by another run exits with 1."""
+    from .train.checkpoint import CheckpointWarning
+    from .train.run_dir import RunDirBusy
+    from .train.signals import TrainingInterrupted
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    return args.run(args, parser)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warnings(warnings.showwarning, (CheckpointWarning,))
+        try:
+            return args.run(args, parser)
+        except RunDirBusy as e:
+            print(f"pathattn {args.command}: error: {e}", file=sys.stderr)
+            return 1
+        except TrainingInterrupted as e:
+            print(f"pathattn {args.command}: {e}\nresume with: {_resume_command(argv)}",
+                  file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:  # a second Ctrl-C: no new checkpoint, the last one stands
+            if args.command == "data":
+                raise
+            print(f"pathattn {args.command}: aborted; the checkpoints already written are "
+                  f"intact, resume with: {_resume_command(argv)}", file=sys.stderr)
+            return 130

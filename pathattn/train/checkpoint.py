@@ -8,68 +8,163 @@ Layout of `out_dir/checkpoints/`:
     state_{step:08d}.pt            {"step", "optimizer", "torch_rng", "data", "config"}
     latest.json                    {"step", "model", "state"}: the current checkpoint
 
-Every file is written atomically (temp file in the same directory, fsync, `os.replace`,
-fsync of the directory). `latest.json` is replaced only after both files of the new step
-are on disk, and the previous step's files are deleted only after that, so a crash at any
-point leaves a complete, loadable checkpoint (the new one or the previous one).
+Every file is written atomically (temp file `.<name>.<random>.tmp` in the same directory,
+fsync, `os.replace`, fsync of the directory), with the ordinary permissions of a new file
+(0666 & ~umask, like the logs; `tempfile.mkstemp` would give 0600). `latest.json` is
+replaced only after both files of the new step are on disk, and older checkpoints are
+deleted only after that, so a kill at any point leaves a complete, loadable checkpoint (the
+new one or the previous one).
+
+Keeping: the last `keep` checkpoints (default 2) stay on disk, so that a damaged latest one
+(truncated or empty weights, missing or truncated state, corrupt latest.json) is not the
+end of a run: `load_checkpoint` tries latest.json's step first, then the older checkpoints
+on disk, newest first, and skips a damaged one with a `CheckpointWarning` naming the bad
+file. When none is intact it raises `CheckpointError` naming every bad file.
+
+Trust: latest.json is data, never a path. Its "model" and "state" must be exactly the names
+of the pattern above for its "step" (no directory part, no other name), otherwise it counts
+as corrupt (the error names the file and the expected names). Files are opened by those
+names inside `checkpoints/` only, without following symlinks, and files are deleted only
+when their names match the pattern, found by listing `checkpoints/`: nothing outside the
+folder is read, written or deleted because of what latest.json says.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
-import tempfile
+import re
+import secrets
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 __all__ = ["atomic_write_bytes", "save_checkpoint", "load_checkpoint", "latest_step",
-           "checkpoint_dir"]
+           "checkpoint_dir", "CheckpointError", "CheckpointWarning", "KEEP",
+           "remove_checkpoints", "remove_temp_files", "discard_after"]
 
 LATEST = "latest.json"
-_replace = os.replace  # indirection so tests can make the final rename fail
+KEEP = 2
+_MODEL_RE = re.compile(r"model_(\d{8})\.safetensors")
+_STATE_RE = re.compile(r"state_(\d{8})\.pt")
+# `.<name>.<suffix>.tmp`: ours (8 hex digits) and tempfile.mkstemp's (8 of [a-z0-9_])
+_TEMP_RE = re.compile(r"\.(.+)\.[A-Za-z0-9_]{8}\.tmp")
+
+# File-system calls of the write path, looked up at call time so that tests can make any
+# one of them fail or stop the "process" there (tests/faults/test_checkpoint_faults.py).
+_open, _write, _fsync, _close, _replace, _unlink = (os.open, os.write, os.fsync, os.close,
+                                                    os.replace, os.unlink)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file (or latest.json) that is missing, damaged or not of the expected
+    name; the message names the file."""
+
+
+class CheckpointWarning(UserWarning):
+    """A damaged checkpoint was skipped and an older one is used instead."""
 
 
 def checkpoint_dir(out_dir: str | os.PathLike) -> Path:
     return Path(out_dir) / "checkpoints"
 
 
+def model_name(step: int) -> str:
+    return f"model_{step:08d}.safetensors"
+
+
+def state_name(step: int) -> str:
+    return f"state_{step:08d}.pt"
+
+
+# --------------------------------------------------------------------- atomic writes
+
 def _fsync_dir(path: Path) -> None:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open(path, os.O_RDONLY)
     except OSError:  # e.g. platforms without directory fds
         return
     try:
-        os.fsync(fd)
+        _fsync(fd)
     except OSError:
         pass
     finally:
-        os.close(fd)
+        _close(fd)
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty temp file next to `path`, opened for writing. Mode 0666 goes through the
+    umask (unlike mkstemp's 0600), so the final file has the same permissions as any other
+    file the run writes; O_EXCL makes the random name ours alone."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` atomically: a temp file in the same directory, flushed and
-    fsynced, then `os.replace`d over `path`. On any failure the temp file is removed and
-    `path` keeps its previous content."""
+    """Write `data` to `path` atomically: a temp file in the same directory, written,
+    fsynced and closed, then `os.replace`d over `path`. On an exception the temp file is
+    removed and `path` keeps its previous content; a process killed in between leaves at
+    most the temp file (`remove_temp_files` clears it)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[_write(fd, view):]
+            _fsync(fd)
+        finally:
+            _close(fd)
         _replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        try:
+            _unlink(tmp)
+        except FileNotFoundError:
+            pass
         raise
     _fsync_dir(path.parent)
 
+
+def remove_temp_files(folder: str | os.PathLike, names: Iterable[str] | None = None) -> list[str]:
+    """Delete the temp files that an interrupted `atomic_write_bytes` left in `folder`: those
+    of a file in `names`, or (names None) of a checkpoint file or latest.json. Returns the
+    names deleted. Only names of that exact form are touched."""
+    folder = Path(folder)
+    wanted = set(names) if names is not None else None
+    removed = []
+    for name in _listdir(folder):
+        m = _TEMP_RE.fullmatch(name)
+        if m is None:
+            continue
+        target = m.group(1)
+        ours = (target in wanted if wanted is not None else
+                target == LATEST or _MODEL_RE.fullmatch(target) or _STATE_RE.fullmatch(target))
+        if ours:
+            _unlink(folder / name)
+            removed.append(name)
+    return removed
+
+
+def _listdir(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+
+
+# --------------------------------------------------------------------------- saving
 
 def _model_bytes(model: torch.nn.Module, step: int) -> bytes:
     """safetensors bytes of model.state_dict(); a tensor shared by several names (tied
@@ -90,7 +185,7 @@ def _model_bytes(model: torch.nn.Module, step: int) -> bytes:
 
 
 def save_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.nn.Module,
-                    state: dict[str, Any]) -> Path:
+                    state: dict[str, Any], keep: int = KEEP) -> Path:
     """Write the checkpoint of `step` (module docstring) and return its directory.
 
     Args:
@@ -99,61 +194,212 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.nn.Modul
         model: the model whose state_dict is saved as safetensors.
         state: the rest (must hold only tensors, numbers, strings, bools, None, lists,
             tuples and dicts, so that it loads with weights_only=True); "step" is added.
+        keep: checkpoints kept on disk (this one and the keep - 1 newest older ones); files
+            of later steps (left by a run that was resumed from an older checkpoint) go too.
     """
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise ValueError(f"keep must be a positive int, got {keep!r}")
     ckdir = checkpoint_dir(out_dir)
     ckdir.mkdir(parents=True, exist_ok=True)
-    previous = _read_latest(ckdir)
-    model_name, state_name = f"model_{step:08d}.safetensors", f"state_{step:08d}.pt"
-    atomic_write_bytes(ckdir / model_name, _model_bytes(model, step))
+    atomic_write_bytes(ckdir / model_name(step), _model_bytes(model, step))
     buf = io.BytesIO()
     torch.save({**state, "step": step}, buf)
-    atomic_write_bytes(ckdir / state_name, buf.getvalue())
-    latest = {"step": step, "model": model_name, "state": state_name}
+    atomic_write_bytes(ckdir / state_name(step), buf.getvalue())
+    latest = {"step": step, "model": model_name(step), "state": state_name(step)}
     atomic_write_bytes(ckdir / LATEST, (json.dumps(latest) + "\n").encode())
-    if previous is not None and previous["step"] != step:
-        for key in ("model", "state"):
-            (ckdir / previous[key]).unlink(missing_ok=True)
+    older = sorted(s for s in _steps_on_disk(ckdir) if s < step)
+    _delete_steps(ckdir, older[:max(0, len(older) - (keep - 1))])
+    _delete_steps(ckdir, [s for s in _steps_on_disk(ckdir) if s > step])
     return ckdir
 
 
-def _read_latest(ckdir: Path) -> dict[str, Any] | None:
+def _steps_on_disk(ckdir: Path) -> set[int]:
+    """Steps that have a weights or a state file (of the checkpoint name pattern)."""
+    steps = set()
+    for name in _listdir(ckdir):
+        m = _MODEL_RE.fullmatch(name) or _STATE_RE.fullmatch(name)
+        if m:
+            steps.add(int(m.group(1)))
+    return steps
+
+
+def _delete_steps(ckdir: Path, steps: Iterable[int]) -> None:
+    for step in steps:
+        for name in (model_name(step), state_name(step)):
+            try:
+                _unlink(ckdir / name)
+            except FileNotFoundError:
+                pass
+
+
+def remove_checkpoints(out_dir: str | os.PathLike) -> None:
+    """Delete every checkpoint of out_dir (files of the checkpoint pattern, latest.json and
+    temp leftovers; nothing else) and the checkpoints folder when that leaves it empty."""
+    ckdir = checkpoint_dir(out_dir)
+    remove_temp_files(ckdir)
+    try:
+        _unlink(ckdir / LATEST)
+    except FileNotFoundError:
+        pass
+    _delete_steps(ckdir, _steps_on_disk(ckdir))
+    try:
+        ckdir.rmdir()
+    except OSError:  # missing, or holds files that are not ours
+        pass
+
+
+def discard_after(out_dir: str | os.PathLike, step: int) -> None:
+    """Make out_dir/checkpoints agree with a run resumed from `step`: delete temp leftovers
+    and the files of later steps (an interrupted save, or a damaged checkpoint that was
+    skipped), and point latest.json at `step` when it names anything else."""
+    ckdir = checkpoint_dir(out_dir)
+    remove_temp_files(ckdir)
+    _delete_steps(ckdir, [s for s in _steps_on_disk(ckdir) if s > step])
+    try:
+        current = _read_latest(ckdir)
+    except CheckpointError:
+        current = None
+    if current != step:
+        latest = {"step": step, "model": model_name(step), "state": state_name(step)}
+        atomic_write_bytes(ckdir / LATEST, (json.dumps(latest) + "\n").encode())
+
+
+# -------------------------------------------------------------------------- loading
+
+def _read_latest(ckdir: Path) -> int | None:
+    """The step latest.json names, None when there is no latest.json; CheckpointError
+    when it is not {"step": N, "model": model_{N:08d}.safetensors, "state":
+    state_{N:08d}.pt} (module docstring: names are checked, never followed)."""
     path = ckdir / LATEST
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())
+    try:
+        text = _read_bytes(path).decode()
+    except CheckpointError:
+        if not os.path.lexists(path):
+            return None
+        raise
+    try:
+        latest = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+    step = latest.get("step") if isinstance(latest, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f'{path}: expected {{"step": <non-negative int>, "model": ..., '
+                              f'"state": ...}}, got {text.strip()[:200]!r}')
+    expected = {"model": model_name(step), "state": state_name(step)}
+    for key, name in expected.items():
+        if latest.get(key) != name:
+            raise CheckpointError(f"{path}: {key!r} must be the file name {name!r} (inside "
+                                  f"{ckdir}, for step {step}), got {latest.get(key)!r}")
+    return step
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of a regular file, not following a symlink; CheckpointError when it is
+    missing, a symlink or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointError(f"{path} is a symlink; checkpoint files must be regular "
+                                  "files inside the checkpoints folder") from None
+        raise CheckpointError(f"{path} cannot be read ({e})") from None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _read_model(path: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, aliases) of a weights file; CheckpointError when it is missing, truncated,
+    not safetensors or of another step."""
+    data = _read_bytes(path)
+    if len(data) < 8:
+        raise CheckpointError(f"{path} is truncated ({len(data)} bytes)")
+    try:
+        tensors = st_load(data)
+        size = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8:8 + size]).get("__metadata__") or {}
+        aliases = json.loads(metadata.get("aliases", "{}"))
+    except (SafetensorError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path} is truncated or not a safetensors file ({e})") from None
+    if metadata.get("step") != str(step):
+        raise CheckpointError(f"{path}: weights of step {metadata.get('step')}, expected "
+                              f"step {step}")
+    return tensors, aliases
+
+
+def _read_state(path: Path, step: int) -> dict[str, Any]:
+    """The state dict of a state file; CheckpointError when it is missing, damaged or of
+    another step."""
+    data = _read_bytes(path)
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged zip / pickle raises many types
+        raise CheckpointError(f"{path} is truncated or damaged ({type(e).__name__}: "
+                              f"{str(e)[:200]})") from None
+    if not isinstance(state, dict) or state.get("step") != step:
+        got = state.get("step") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{path}: state of step {got!r}, expected step {step}")
+    return state
+
+
+def _candidates(ckdir: Path) -> tuple[list[int], list[str]]:
+    """Steps to try, newest first: latest.json's, then older ones on disk (files of later
+    steps are an unfinished save and are ignored); without a usable latest.json every step
+    on disk. Also returns the problems met (latest.json's)."""
+    on_disk = sorted(_steps_on_disk(ckdir), reverse=True)
+    try:
+        latest = _read_latest(ckdir)
+    except CheckpointError as e:
+        return on_disk, [str(e)]
+    if latest is None:
+        return on_disk, []
+    return [latest] + [s for s in on_disk if s < latest], []
 
 
 def latest_step(out_dir: str | os.PathLike) -> int | None:
-    """Step of out_dir's current checkpoint, or None when there is none."""
-    latest = _read_latest(checkpoint_dir(out_dir))
-    return None if latest is None else int(latest["step"])
+    """Step that out_dir's latest.json names, or None when there is none (CheckpointError
+    when latest.json is corrupt; `load_checkpoint` then falls back to older files)."""
+    return _read_latest(checkpoint_dir(out_dir))
 
 
 def load_checkpoint(out_dir: str | os.PathLike, model: torch.nn.Module | None = None
                     ) -> dict[str, Any]:
-    """Load out_dir's current checkpoint: the weights into `model` (when given; every
-    parameter and buffer must be present) and return the state dict (weights_only=True).
-    Raises FileNotFoundError when out_dir has no checkpoint, ValueError on a mismatch."""
+    """Load out_dir's newest intact checkpoint (module docstring: latest.json's, else older
+    ones with a CheckpointWarning per damaged file): the weights into `model` (when given;
+    every parameter and buffer must be present) and return the state dict (loaded with
+    weights_only=True; state["step"] is its step).
+
+    Raises FileNotFoundError when out_dir has no checkpoint at all, CheckpointError (a
+    ValueError) when none is intact, ValueError when the weights do not fit `model`."""
     ckdir = checkpoint_dir(out_dir)
-    latest = _read_latest(ckdir)
-    if latest is None:
+    steps, problems = _candidates(ckdir)
+    for problem in problems:
+        warnings.warn(f"{problem}; looking for checkpoints in {ckdir}", CheckpointWarning,
+                      stacklevel=2)
+    if not steps and not problems:
         raise FileNotFoundError(f"no checkpoint in {ckdir} (missing {LATEST})")
-    state = torch.load(ckdir / latest["state"], map_location="cpu", weights_only=True)
-    if int(state["step"]) != int(latest["step"]):
-        raise ValueError(f"checkpoint {ckdir}: state step {state['step']} != latest step "
-                         f"{latest['step']}")
-    if model is not None:
-        model_path = ckdir / latest["model"]
-        with safe_open(str(model_path), framework="pt") as f:
-            metadata = f.metadata() or {}
-        if int(metadata.get("step", -1)) != int(latest["step"]):
-            raise ValueError(f"checkpoint {model_path}: weights of step "
-                             f"{metadata.get('step')} != latest step {latest['step']}")
-        aliases = json.loads(metadata.get("aliases", "{}"))
-        tensors = st_load(model_path.read_bytes())
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-        missing = [m for m in missing if m not in aliases]
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {model_path} does not fit the model: missing "
-                             f"{missing}, unexpected {unexpected}")
-    return state
+    for step in steps:
+        try:
+            tensors, aliases = _read_model(ckdir / model_name(step), step)
+            state = _read_state(ckdir / state_name(step), step)
+        except CheckpointError as e:
+            problems.append(str(e))
+            warnings.warn(f"skipping the checkpoint of step {step}: {e}", CheckpointWarning,
+                          stacklevel=2)
+            continue
+        if model is not None:
+            _load_weights(model, tensors, aliases, ckdir / model_name(step))
+        return state
+    raise CheckpointError(f"no intact checkpoint in {ckdir}: " + "; ".join(problems))
+
+
+def _load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor],
+                  aliases: dict[str, str], path: Path) -> None:
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [m for m in missing if m not in aliases]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not fit the model: missing "
+                         f"{missing}, unexpected {unexpected}")

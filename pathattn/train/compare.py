@@ -6,6 +6,12 @@ Layout of the output directory: one run directory per attention type (`DIR/<attn
 `pathattn train` writes it), plus `DIR/results.md`, `DIR/results.json` and
 `DIR/error_vs_step.png`.
 
+Run folders (`pathattn.train.run_dir`): DIR is locked for the whole comparison, each
+DIR/<attn>/ by its own run. The runs are what is protected: when one of DIR/<attn>/ holds
+a run, nothing trains unless resume (finished runs of the same config are reused, the
+others continued from their checkpoints) or overwrite (every run trained afresh) is given.
+The table, JSON and plot are derived from the runs and rewritten every time.
+
 Errors shown: for flip-flop the error rates at the `r` positions of each split ("val",
 "val_sparse", "val_dense"); for the other tasks 1 - sequence accuracy on "val".
 """
@@ -17,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .checkpoint import atomic_write_bytes
+from .checkpoint import atomic_write_bytes, remove_temp_files
 from .config import TrainConfig
-from .trainer import Trainer
+from .run_dir import check_sub_runs, lock_run_dir, read_jsonl
+from .trainer import train_or_reuse
 
 __all__ = ["compare", "error_series", "markdown_table"]
 
@@ -56,10 +63,7 @@ def _cell(error: float, scored) -> str:
 
 
 def _history(run_dir: Path) -> list[dict]:
-    path = run_dir / "eval.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(run_dir / "eval.jsonl")
 
 
 def _plot(histories: dict[str, list[dict]], path: Path, task: str) -> None:
@@ -88,17 +92,24 @@ def _plot(histories: dict[str, list[dict]], path: Path, task: str) -> None:
     plt.close(fig)
 
 
-def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path) -> dict[str, dict]:
+def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path, *,
+            resume: bool = False, overwrite: bool = False) -> dict[str, dict]:
     """Train `base` once per attention type in `attns` (each in out_dir/<attn>) and write the
-    table, the JSON of final metrics and the plot. Returns {attn: final metrics}."""
+    table, the JSON of final metrics and the plot. Returns {attn: final metrics}.
+    resume / overwrite: what to do with runs already in out_dir (module docstring);
+    RunDirError when there are some and neither is given."""
     if not attns or len(set(attns)) != len(attns):
         raise ValueError(f"attns must be distinct attention types, got {list(attns)}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     cfgs = {a: replace(base, attn=a, out_dir=str(out / a)).validate() for a in attns}
-    final = {a: Trainer(cfg).train() for a, cfg in cfgs.items()}
-    histories = {a: _history(out / a) for a in attns}
-    atomic_write_bytes(out / "results.md", markdown_table(final, base.task).encode())
-    atomic_write_bytes(out / "results.json", (json.dumps(final, indent=2) + "\n").encode())
-    _plot(histories, out / "error_vs_step.png", base.task)
+    with lock_run_dir(out):
+        check_sub_runs(cfgs.values(), resume=resume, overwrite=overwrite)
+        remove_temp_files(out, ("results.md", "results.json"))  # of an interrupted compare
+        final = {a: train_or_reuse(cfg, resume=resume, overwrite=overwrite)
+                 for a, cfg in cfgs.items()}
+        histories = {a: _history(out / a) for a in attns}
+        atomic_write_bytes(out / "results.md", markdown_table(final, base.task).encode())
+        atomic_write_bytes(out / "results.json",
+                           (json.dumps(final, indent=2) + "\n").encode())
+        _plot(histories, out / "error_vs_step.png", base.task)
     return final

@@ -24,6 +24,7 @@ splits, so their single `val` stream is the training task with seed stream 1 ins
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
@@ -45,9 +46,12 @@ from ..tasks import (
 from ..tasks.flipflop import next_token_targets, sample_flipflop
 
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "TASKS", "DTYPES", "TaskStream", "build_task",
-           "task_config", "build_model_config", "eval_splits", "model_vocab_size"]
+           "task_config", "build_model_config", "eval_splits", "model_vocab_size",
+           "NOT_IDENTITY"]
 
 DTYPES = ("float32", "bfloat16")
+# TrainConfig fields that do not change a run's results (`TrainConfig.run_identity`)
+NOT_IDENTITY = ("out_dir", "progress", "keep_checkpoints")
 ALPHABETS = ("elements", "generators")
 FLIPFLOP_VAL_SPLITS = ("val", "val_sparse", "val_dense")
 
@@ -71,6 +75,11 @@ def _is_real(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, numbers.Real)
 
 
+def _is_finite(value) -> bool:
+    """A real number other than inf, -inf and NaN (which train to NaN without an error)."""
+    return _is_real(value) and math.isfinite(value)
+
+
 @dataclass
 class TrainConfig:
     """Hyper-parameters of one training run. Validated on construction and by `validate()`;
@@ -88,6 +97,10 @@ class TrainConfig:
     Defaults: steps=2000 at batch 16 is a flip-flop run of about 6 minutes on 2 CPU cores
     (512 tokens per sequence); PaTH reaches 0 errors on every split of the final evaluation
     (1024 sequences per split), RoPE 27.5 % / 46.2 % / 1.8 % (README).
+
+    Checkpoints: every checkpoint_every steps and at the end; the last keep_checkpoints
+    stay on disk (default 2: a damaged latest one falls back to the previous one,
+    `pathattn.train.checkpoint`).
 
     Evaluation: every eval_every steps on eval_batches batches per split; the final
     evaluation (metrics.json) on final_eval_batches batches per split (default 64 batches of
@@ -125,8 +138,9 @@ class TrainConfig:
     n_back: int | None = None
     keys: int | None = None
     values: int | None = None
-    # display only (not part of a run's identity; ignored when resuming)
+    # not part of a run's identity (may change when resuming)
     progress: bool = True
+    keep_checkpoints: int = 2
 
     def __post_init__(self):
         self.validate()
@@ -140,7 +154,8 @@ class TrainConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in ("layers", "heads", "dim", "steps", "batch_size", "eval_every",
-                     "eval_batches", "final_eval_batches", "log_every", "checkpoint_every"):
+                     "eval_batches", "final_eval_batches", "log_every", "checkpoint_every",
+                     "keep_checkpoints"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -148,12 +163,14 @@ class TrainConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if not _is_real(self.lr) or not self.lr > 0:
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        for name in ("weight_decay", "grad_clip"):
+        if not _is_finite(self.lr) or not self.lr > 0:
+            raise ValueError(f"lr must be a finite positive number, got {self.lr!r}")
+        for name in ("weight_decay", "grad_clip"):  # grad_clip 0 = no clipping
             value = getattr(self, name)
-            if not _is_real(value) or not value >= 0:
-                raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+            if not _is_finite(value) or not value >= 0:
+                raise ValueError(f"{name} must be a finite non-negative number"
+                                 f"{' (0 = no clipping)' * (name == 'grad_clip')}, got "
+                                 f"{value!r}")
         if not _is_real(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be a number in [0, 1], got "
                              f"{self.min_lr_ratio!r}")
@@ -213,10 +230,11 @@ class TrainConfig:
 
     def run_identity(self) -> dict[str, Any]:
         """The fields that must match for a resume to continue the same run (all but
-        `progress` and `out_dir`)."""
+        `NOT_IDENTITY`: where the run is, how it shows progress, how many checkpoints it
+        keeps)."""
         d = self.to_dict()
-        d.pop("progress")
-        d.pop("out_dir")
+        for name in NOT_IDENTITY:
+            d.pop(name)
         return d
 
 

@@ -9,6 +9,11 @@ accuracy on "val" for mqrar, 1 - error on "val" for flip-flop. "Solved" = score 
 Output directory: one run per (attention type, depth) in `DIR/<attn>-L<layers>/` (a finished
 run there with the same config is reused, so an interrupted sweep continues where it
 stopped), plus `DIR/layers.md` (table) and `DIR/layers.json`.
+
+Run folders (`pathattn.train.run_dir`): DIR is locked for the whole sweep, each run folder
+by its own run. Any other run in a DIR/<attn>-L<layers>/ the sweep needs (unfinished, or of
+another config) stops the sweep before anything trains, unless resume (unfinished runs are
+continued from their checkpoints) or overwrite (every run trained afresh) is given.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .checkpoint import atomic_write_bytes
+from .checkpoint import atomic_write_bytes, remove_temp_files
 from .config import TrainConfig
-from .trainer import Trainer
+from .run_dir import check_sub_runs, lock_run_dir
+from .trainer import train_or_reuse
 
 __all__ = ["fewest_layers", "solve_score", "layers_table"]
 
@@ -34,23 +40,12 @@ def solve_score(metrics: dict, task: str) -> float:
     return 1.0 - float(metrics["val"])
 
 
-def _finished(cfg: TrainConfig) -> dict | None:
-    """The metrics of a finished run of exactly cfg in cfg.out_dir, else None."""
-    out = Path(cfg.out_dir)
-    try:
-        stored = TrainConfig.from_dict(json.loads((out / "config.json").read_text()))
-        metrics = json.loads((out / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if stored.run_identity() != cfg.run_identity() or metrics.get("step") != cfg.steps:
-        return None
-    return metrics
-
-
 def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int],
-                  out_dir: str | Path, threshold: float = 0.9) -> dict[str, dict]:
+                  out_dir: str | Path, threshold: float = 0.9, *, resume: bool = False,
+                  overwrite: bool = False) -> dict[str, dict]:
     """Sweep depths `layers` (increasing) per attention type; returns {attn: {"solved_at":
-    fewest solving depth or None, "runs": {layers: score}}} and writes the table."""
+    fewest solving depth or None, "runs": {layers: score}}} and writes the table.
+    resume / overwrite: what to do with other runs in out_dir (module docstring)."""
     if not attns or len(set(attns)) != len(attns):
         raise ValueError(f"attns must be distinct attention types, got {list(attns)}")
     depths = sorted(set(int(n) for n in layers))
@@ -59,21 +54,29 @@ def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int]
     if not 0 <= threshold <= 1:
         raise ValueError(f"threshold must lie in [0, 1], got {threshold!r}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict] = {}
-    for attn in attns:
-        runs: dict[int, float] = {}
-        solved = None
-        for n in depths:
-            cfg = replace(base, attn=attn, layers=n, out_dir=str(out / f"{attn}-L{n}"))
-            metrics = _finished(cfg.validate()) or Trainer(cfg).train()
-            runs[n] = solve_score(metrics, base.task)
-            if runs[n] >= threshold:
-                solved = n
-                break
-        results[attn] = {"solved_at": solved, "runs": runs}
-    atomic_write_bytes(out / "layers.json", (json.dumps(results, indent=2) + "\n").encode())
-    atomic_write_bytes(out / "layers.md", layers_table(results, base, threshold).encode())
+    cfgs = {(attn, n): replace(base, attn=attn, layers=n,
+                               out_dir=str(out / f"{attn}-L{n}")).validate()
+            for attn in attns for n in depths}
+    with lock_run_dir(out):
+        check_sub_runs(cfgs.values(), resume=resume, overwrite=overwrite,
+                       reuse_finished=True)
+        remove_temp_files(out, ("layers.json", "layers.md"))  # of an interrupted sweep
+        results: dict[str, dict] = {}
+        for attn in attns:
+            runs: dict[int, float] = {}
+            solved = None
+            for n in depths:
+                metrics = train_or_reuse(cfgs[attn, n], resume=resume, overwrite=overwrite,
+                                         reuse_finished=True)
+                runs[n] = solve_score(metrics, base.task)
+                if runs[n] >= threshold:
+                    solved = n
+                    break
+            results[attn] = {"solved_at": solved, "runs": runs}
+        atomic_write_bytes(out / "layers.json",
+                           (json.dumps(results, indent=2) + "\n").encode())
+        atomic_write_bytes(out / "layers.md",
+                           layers_table(results, base, threshold).encode())
     return results
 
 

@@ -22,8 +22,19 @@ GPT / LLaMA recipe (decaying embeddings pulls rare tokens' vectors to zero).
 Exact resume: the checkpoint holds weights, optimizer state, step, the torch RNG state and
 the training stream's generator state and batch count; the learning rate is a function of
 the step. A run resumed from step k gives bit-identical losses for steps k+1.. to an
-uninterrupted run with the same config (same machine and thread count). Log records after
-step k (from the interrupted run) are dropped on resume.
+uninterrupted run with the same config (same machine and thread count). On resume the logs
+are cut back to the checkpoint (records after step k dropped, and a line cut off by a kill
+mid-append; at k == steps the final evaluation's record too, as it is redone), temp files
+of interrupted writes and checkpoint files of later steps are deleted.
+
+Run folder (`pathattn.train.run_dir`): the Trainer locks cfg.out_dir while it exists (until
+`close()`, the end of a `with` block, or garbage collection; a dead process drops it) and
+refuses a folder that already holds a run unless resume=True or overwrite=True.
+
+Signals (`pathattn.train.signals`): during `train()` a SIGINT or SIGTERM finishes the
+current step, writes a checkpoint and raises `TrainingInterrupted` (exit code 130 / 143 on
+the command line); a second signal acts at once. One that arrives during the final
+evaluation lets it finish: the run is then complete, there is nothing left to resume.
 """
 
 from __future__ import annotations
@@ -41,11 +52,14 @@ from tqdm.auto import tqdm
 
 from ..distributed.data_parallel import DistributedTraining
 from ..models import PaTHLM
-from .checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
+from .checkpoint import atomic_write_bytes, discard_after, load_checkpoint, save_checkpoint
+from .checkpoint import remove_temp_files as _remove_temp_files
 from .config import TaskStream, TrainConfig, build_model_config, model_vocab_size
 from .evaluate import autocast_context, evaluate
+from .run_dir import LOG_FILES, finished_metrics, prepare_run_dir, truncate_jsonl
+from .signals import StopRequests, TrainingInterrupted
 
-__all__ = ["Trainer", "lr_at", "param_groups"]
+__all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "TrainingInterrupted"]
 
 
 def flatten_metrics(nested: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -90,19 +104,26 @@ class Trainer:
     Args:
         cfg: the run's TrainConfig.
         resume: continue from cfg.out_dir's checkpoint (its config must match cfg in every
-            field but `progress` and `out_dir`; ValueError otherwise).
+            field but `progress`, `out_dir` and `keep_checkpoints`; ValueError otherwise).
         device: where the model runs (default CPU).
         context_parallel: under torchrun, the number of ranks that share each sequence
             (`pathattn.distributed.DistributedTraining`; data parallelism over the rest).
-            Under torchrun only rank 0 writes logs, metrics and checkpoints.
+            Under torchrun only rank 0 writes logs, metrics and checkpoints (and locks).
+        overwrite: start afresh in a folder that holds a run, deleting that run's files
+            (`run_dir.clear_run`); without it such a folder raises RunDirError.
     """
 
     def __init__(self, cfg: TrainConfig, resume: bool = False,
-                 device: torch.device | str = "cpu", context_parallel: int = 1):
+                 device: torch.device | str = "cpu", context_parallel: int = 1,
+                 overwrite: bool = False):
         self.cfg = cfg.validate()
+        if resume and overwrite:
+            raise ValueError("resume and overwrite exclude each other (--resume continues the "
+                             "run in the folder, --overwrite replaces it)")
         self.device = torch.device(device)
         self.out_dir = Path(cfg.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = None
         torch.manual_seed(cfg.seed)
         self.stream = TaskStream.for_split(cfg, "train")
         tokens, _ = self._peek_shape()
@@ -111,16 +132,22 @@ class Trainer:
         # torchrun: DDP (+ context parallelism) from outside the model; None otherwise
         self.parallel = DistributedTraining.from_env(self.model, context_parallel, self.device)
         self.is_main = self.parallel is None or self.parallel.is_main
+        if self.is_main:  # before anything in the folder is read or written
+            self.lock = prepare_run_dir(self.out_dir, resume=resume, overwrite=overwrite)
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay),
                                            lr=cfg.lr, betas=(0.9, 0.95))
         self.step = 0
-        if resume:
-            self._resume()
-        else:
-            self._truncate_logs(0)
-        if self.is_main:
-            atomic_write_bytes(self.out_dir / "config.json",
-                               (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+        try:
+            if resume:
+                self._resume()
+            else:
+                self._truncate_logs(0)
+            if self.is_main:
+                atomic_write_bytes(self.out_dir / "config.json",
+                                   (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+        except BaseException:
+            self.close()
+            raise
 
     def _peek_shape(self) -> tuple[int, int]:
         """(T, B) of the training batches, without consuming the stream."""
@@ -137,10 +164,23 @@ class Trainer:
                 "data": self.stream.state_dict(),
                 "config": self.cfg.to_dict()}
 
+    def close(self) -> None:
+        """Release the run folder's lock (module docstring); the Trainer must not write
+        afterwards."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def save(self) -> None:
         if not self.is_main:
             return
-        save_checkpoint(self.out_dir, self.step, self.model, self.state_dict())
+        save_checkpoint(self.out_dir, self.step, self.model, self.state_dict(),
+                        keep=self.cfg.keep_checkpoints)
 
     def _resume(self) -> None:
         state = load_checkpoint(self.out_dir, self.model)
@@ -161,16 +201,18 @@ class Trainer:
         self._truncate_logs(self.step)
 
     def _truncate_logs(self, step: int) -> None:
-        """Keep only records with "step" <= step in log.jsonl and eval.jsonl."""
+        """Make the folder agree with a run at `step` (module docstring): log.jsonl keeps
+        the records of steps <= step, eval.jsonl too but for the final evaluation's record
+        when step == cfg.steps (train() redoes it); temp leftovers and checkpoint files of
+        later steps go."""
         if not self.is_main:
             return
-        for name in ("log.jsonl", "eval.jsonl"):
-            path = self.out_dir / name
-            if not path.exists():
-                continue
-            keep = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= step]
-            atomic_write_bytes(path, "".join(line + "\n" for line in keep).encode())
+        _remove_temp_files(self.out_dir, LOG_FILES)
+        truncate_jsonl(self.out_dir / "log.jsonl", step)
+        truncate_jsonl(self.out_dir / "eval.jsonl",
+                       step - 1 if step == self.cfg.steps else step)
+        if step > 0:
+            discard_after(self.out_dir, step)
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
         if not self.is_main:
@@ -223,29 +265,68 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.task}/{cfg.attn}",
                    disable=not (cfg.progress and sys.stderr.isatty()), dynamic_ncols=True)
         start = time.perf_counter()
-        try:
-            while self.step < until:
-                stats = self.train_step()
-                bar.update(1)
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    self._append("log.jsonl", {"step": self.step, **stats,
-                                               "elapsed_s": time.perf_counter() - start})
-                    bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
-                if self.step % cfg.eval_every == 0 and self.step < cfg.steps and self.is_main:
-                    self._append("eval.jsonl",
-                                 {"step": self.step, **flatten_metrics(self.evaluate())})
-                if self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
-                    self.save()
-        finally:
-            bar.close()
-        if self.step < cfg.steps:
-            return {"step": self.step}
-        self.save()
-        if not self.is_main:
-            return {"step": self.step}
-        metrics = {"step": self.step,
-                   **flatten_metrics(self.evaluate(self.cfg.final_eval_batches))}
-        self._append("eval.jsonl", metrics)
-        atomic_write_bytes(self.out_dir / "metrics.json",
-                           (json.dumps(metrics, indent=2) + "\n").encode())
+        # torchrun: no graceful stop (every rank would have to agree on the step)
+        with StopRequests(enabled=self.parallel is None) as stop:
+            try:
+                while self.step < until:
+                    stats = self.train_step()
+                    bar.update(1)
+                    if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                        self._append("log.jsonl", {"step": self.step, **stats,
+                                                   "elapsed_s": time.perf_counter() - start})
+                        bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
+                    if (self.step % cfg.eval_every == 0 and self.step < cfg.steps
+                            and self.is_main):
+                        self._append("eval.jsonl",
+                                     {"step": self.step, **flatten_metrics(self.evaluate())})
+                    saved = self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps
+                    if saved:
+                        self.save()
+                    if stop.signum is not None:
+                        self._stop(stop.signum, saved)
+            finally:
+                bar.close()
+            if self.step < cfg.steps:
+                return {"step": self.step}
+            self.save()
+            if stop.signum is not None:
+                self._stop(stop.signum, saved=True)
+            if not self.is_main:
+                return {"step": self.step}
+            # a stop requested from here on is moot: the run completes
+            metrics = {"step": self.step,
+                       **flatten_metrics(self.evaluate(self.cfg.final_eval_batches))}
+            self._append("eval.jsonl", metrics)
+            atomic_write_bytes(self.out_dir / "metrics.json",
+                               (json.dumps(metrics, indent=2) + "\n").encode())
         return metrics
+
+    def _stop(self, signum: int, saved: bool) -> None:
+        """The end of a run stopped by a signal: a checkpoint of the current step (unless
+        just written), then TrainingInterrupted."""
+        if not saved:
+            self.save()
+        raise TrainingInterrupted(signum, self.step, self.out_dir)
+
+
+def train_or_reuse(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+                   reuse_finished: bool = False) -> dict[str, Any]:
+    """The final metrics of the run of `cfg`, for commands that run several (compare,
+    layers): with reuse_finished or resume, a finished run of the same config in
+    cfg.out_dir is reused (`run_dir.finished_metrics`); with resume, a run with a checkpoint
+    is continued and one without starts over; overwrite replaces whatever is there;
+    otherwise a fresh run (RunDirError when the folder holds one). The Trainer's lock is
+    released at the end."""
+    if (resume or reuse_finished) and not overwrite:
+        metrics = finished_metrics(cfg)
+        if metrics is not None:
+            return metrics
+    if resume:
+        try:
+            trainer = Trainer(cfg, resume=True)
+        except FileNotFoundError:  # stopped before its first checkpoint
+            trainer = Trainer(cfg, overwrite=True)
+    else:
+        trainer = Trainer(cfg, overwrite=overwrite)
+    with trainer:
+        return trainer.train()

@@ -37,12 +37,26 @@ def test_round_trip_keeps_tied_weights_and_state(tmp_path):
     assert ck.latest_step(tmp_path) == 7
 
 
-def test_new_checkpoint_replaces_the_old_files(tmp_path):
+@pytest.mark.parametrize("keep", [1, 2, 3], ids=lambda k: f"keep{k}")
+def test_new_checkpoint_keeps_the_last_k(tmp_path, keep):
     model = _model(0)
-    ck.save_checkpoint(tmp_path, 1, model, {})
-    ck.save_checkpoint(tmp_path, 2, model, {})
+    for step in (1, 2, 3, 4):
+        ck.save_checkpoint(tmp_path, step, model, {}, keep=keep)
     names = sorted(os.listdir(ck.checkpoint_dir(tmp_path)))
-    assert names == ["latest.json", "model_00000002.safetensors", "state_00000002.pt"]
+    kept = range(5 - keep, 5)
+    assert names == ["latest.json", *(f"model_{s:08d}.safetensors" for s in kept),
+                     *(f"state_{s:08d}.pt" for s in kept)]
+    assert ck.latest_step(tmp_path) == 4
+
+
+def test_save_after_resuming_an_older_step_drops_later_files(tmp_path):
+    model = _model(0)
+    for step in (2, 4, 6):
+        ck.save_checkpoint(tmp_path, step, model, {})
+    ck.save_checkpoint(tmp_path, 5, model, {})  # a run resumed from step 4
+    names = sorted(os.listdir(ck.checkpoint_dir(tmp_path)))
+    assert names == ["latest.json", "model_00000004.safetensors", "model_00000005.safetensors",
+                     "state_00000004.pt", "state_00000005.pt"]
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 3], ids=["weights", "state", "latest"])

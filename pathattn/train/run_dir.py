@@ -1,0 +1,273 @@
+"""Run folders: the guard around the folder a training command writes. `pathattn train`,
+`compare`, `layers` (and any later training command) go through `prepare_run_dir` (one run
+per folder: `Trainer` calls it) or `lock_run_dir` (a folder of several runs, e.g.
+compare's DIR with one run per attention type in DIR/<attn>/).
+
+Protection (our choice): a fresh run into a folder that already holds a run (any of
+`RUN_FILES`) is refused (`RunDirError`) unless the caller continues it (resume=True,
+`--resume`) or replaces it (overwrite=True, `--overwrite`). Replacing deletes the run's own
+files only (`RUN_FILES`, checkpoint files by their name pattern, temp leftovers), never
+anything else in the folder, so that a mistyped --out cannot empty an unrelated directory.
+
+Lock: while a run writes to a folder it holds an exclusive `fcntl.flock` on `<folder>/.lock`
+(the file holds the owner's pid, for the message). The kernel drops a flock when its
+process dies, kill -9 included, so there is never a stale lock to clean up; the lock file
+itself stays (deleting it would let two processes lock two different files of one name).
+A second process is refused at once (`RunDirBusy`) rather than made to wait. The lock is
+per process and re-entrant: several holders in one process share it (a run and a reload of
+its checkpoint, a command and the Trainer it starts), and it goes when the last one is
+released or garbage-collected. A forked child does not inherit it.
+
+Logs: `read_jsonl` reads log.jsonl / eval.jsonl and drops a cut-off last line (a process
+killed while appending), so that everything that reads a log survives such a kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import atomic_write_bytes, remove_checkpoints, remove_temp_files
+from .config import TrainConfig
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locking (the protection of RUN_FILES still applies)
+    fcntl = None
+
+__all__ = ["prepare_run_dir", "lock_run_dir", "holds_run", "clear_run", "read_jsonl",
+           "truncate_jsonl", "finished_metrics", "check_sub_runs", "RunLock", "RunDirError",
+           "RunDirBusy", "LOCK_NAME", "RUN_FILES"]
+
+LOCK_NAME = ".lock"
+LOG_FILES = ("config.json", "log.jsonl", "eval.jsonl", "metrics.json")
+RUN_FILES = (*LOG_FILES, "checkpoints")
+
+
+class RunDirError(ValueError):
+    """A fresh run was asked for in a folder that already holds one."""
+
+
+class RunDirBusy(RuntimeError):
+    """Another process holds the folder's lock (a run is writing to it)."""
+
+
+# ---------------------------------------------------------------------------- locking
+
+_held: dict[str, list[int]] = {}  # real path of a lock file -> [fd, holders in this process]
+
+
+def _forget_locks() -> None:
+    """In a forked child: the parent's locks are the parent's (closing the inherited fds
+    leaves the parent's flock in place)."""
+    for fd, _ in _held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks)
+
+
+def _release(key: str) -> None:
+    entry = _held.get(key)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] == 0:
+        del _held[key]
+        os.close(entry[0])  # drops the flock
+
+
+class RunLock:
+    """One holder's share of a folder's lock (`lock_run_dir`). `release()`, leaving a `with`
+    block or garbage collection gives it back; releasing twice is a no-op."""
+
+    def __init__(self, key: str):
+        self.path = Path(key)
+        self._finalizer = weakref.finalize(self, _release, key)
+
+    @property
+    def held(self) -> bool:
+        return self._finalizer.alive
+
+    def release(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _owner(fd: int) -> str:
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return "another process"
+    return f"process {text}" if text.isdigit() else "another process"
+
+
+def lock_run_dir(folder: str | os.PathLike) -> RunLock:
+    """Take `folder`'s lock (module docstring), creating the folder; RunDirBusy at once when
+    another process holds it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(folder / LOCK_NAME)
+    if key in _held:
+        _held[key][1] += 1
+        return RunLock(key)
+    fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o666)  # 0666 & ~umask, like every run file
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _owner(fd)
+            os.close(fd)
+            raise RunDirBusy(f"{folder} is in use by another run ({owner} holds {key}); "
+                             "wait for it to finish or stop it first") from None
+        except BaseException:
+            os.close(fd)
+            raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[key] = [fd, 1]
+    return RunLock(key)
+
+
+# ------------------------------------------------------------------------- protection
+
+def holds_run(folder: str | os.PathLike) -> list[str]:
+    """The names of `RUN_FILES` present in `folder` (empty: it holds no run)."""
+    folder = Path(folder)
+    return [name for name in RUN_FILES if os.path.lexists(folder / name)]
+
+
+def clear_run(folder: str | os.PathLike) -> None:
+    """Delete the run in `folder`: its `LOG_FILES`, its checkpoints and the temp leftovers
+    of interrupted writes; anything else in the folder stays."""
+    folder = Path(folder)
+    remove_temp_files(folder, LOG_FILES)
+    for name in LOG_FILES:
+        try:
+            os.unlink(folder / name)
+        except FileNotFoundError:
+            pass
+    remove_checkpoints(folder)
+
+
+def _refusal(folders: dict[Path, list[str]]) -> RunDirError:
+    what = "; ".join(f"{folder} ({', '.join(found)})" for folder, found in folders.items())
+    it = "it" if len(folders) == 1 else "them"
+    return RunDirError(f"{what} already {'holds a run' if len(folders) == 1 else 'hold runs'}"
+                       f"; continue {it} with --resume (Python: resume=True) or replace "
+                       f"{it} with --overwrite (overwrite=True)")
+
+
+def prepare_run_dir(folder: str | os.PathLike, *, resume: bool = False,
+                    overwrite: bool = False) -> RunLock:
+    """Lock `folder` for a run and check it (module docstring): a fresh run (neither flag)
+    needs a folder without a run (RunDirError otherwise), overwrite=True deletes the run
+    that is there first (`clear_run`), resume=True takes it as it is. Returns the lock."""
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other (--resume continues the "
+                         "run in the folder, --overwrite replaces it)")
+    lock = lock_run_dir(folder)
+    try:
+        if overwrite:
+            clear_run(folder)
+        elif not resume and (found := holds_run(folder)):
+            raise _refusal({Path(folder): found})
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def finished_metrics(cfg: TrainConfig) -> dict | None:
+    """The metrics of a finished run of exactly cfg (same `run_identity`) in cfg.out_dir,
+    else None."""
+    out = Path(cfg.out_dir)
+    try:
+        stored = TrainConfig.from_dict(json.loads((out / "config.json").read_text()))
+        metrics = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    if (stored.run_identity() != cfg.run_identity() or not isinstance(metrics, dict)
+            or metrics.get("step") != cfg.steps):
+        return None
+    return metrics
+
+
+def check_sub_runs(cfgs: Iterable[TrainConfig], *, resume: bool = False,
+                   overwrite: bool = False, reuse_finished: bool = False) -> None:
+    """Refuse (RunDirError naming every such folder) before anything trains when a run of a
+    multi-run command (compare, layers) would start fresh in a folder that holds a run:
+    without resume or overwrite, unless reuse_finished and the run there is a finished run
+    of the same config (which is then reused, not retrained)."""
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other (--resume continues the "
+                         "runs in the folder, --overwrite replaces them)")
+    if resume or overwrite:
+        return
+    refused = {}
+    for cfg in cfgs:
+        found = holds_run(cfg.out_dir)
+        if found and not (reuse_finished and finished_metrics(cfg) is not None):
+            refused[Path(cfg.out_dir)] = found
+    if refused:
+        raise _refusal(refused)
+
+
+# ------------------------------------------------------------------------------- logs
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a JSONL log (log.jsonl, eval.jsonl), [] when it does not exist. A last
+    line that is not a complete JSON object is dropped (a process killed mid-append leaves
+    one); a bad line anywhere else raises ValueError naming the file and line."""
+    return [record for _, record in _jsonl_lines(Path(path))]
+
+
+def _jsonl_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) pairs of `read_jsonl`, the line as written (without its newline)."""
+    try:
+        lines = path.read_bytes().decode(errors="replace").split("\n")
+    except FileNotFoundError:
+        return []
+    if lines and lines[-1] == "":
+        lines.pop()  # the text after the final newline
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = record.get("step") if isinstance(record, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise ValueError("not a record with an int 'step'")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                break  # cut off by a kill mid-append
+            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({e}); remove the line "
+                             "or start over with --overwrite") from None
+        out.append((line, record))
+    return out
+
+
+def truncate_jsonl(path: str | os.PathLike, last_step: int) -> None:
+    """Keep the records of `path` with "step" <= last_step, rewritten atomically: lines
+    unchanged (so a resumed run's log is byte for byte an uninterrupted run's, but for
+    "elapsed_s"), a cut-off last line dropped."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [line for line, record in _jsonl_lines(path) if record["step"] <= last_step]
+    atomic_write_bytes(path, "".join(line + "\n" for line in keep).encode())
