@@ -23,8 +23,6 @@ splits, so their single `val` stream is the training task with seed stream 1 ins
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
@@ -44,14 +42,14 @@ from ..tasks import (
     make_generator,
 )
 from ..tasks.flipflop import next_token_targets, sample_flipflop
+from .loop_config import DTYPES, LoopConfig
 
 __all__ = ["TrainConfig", "TRAIN_PRESETS", "TASKS", "DTYPES", "TaskStream", "build_task",
            "task_config", "build_model_config", "eval_splits", "model_vocab_size",
            "NOT_IDENTITY"]
 
-DTYPES = ("float32", "bfloat16")
 # TrainConfig fields that do not change a run's results (`TrainConfig.run_identity`)
-NOT_IDENTITY = ("out_dir", "progress", "keep_checkpoints")
+NOT_IDENTITY = LoopConfig.NOT_IDENTITY
 ALPHABETS = ("elements", "generators")
 FLIPFLOP_VAL_SPLITS = ("val", "val_sparse", "val_dense")
 
@@ -71,28 +69,15 @@ def _is_int(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, numbers.Integral)
 
 
-def _is_real(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Real)
-
-
-def _is_finite(value) -> bool:
-    """A real number other than inf, -inf and NaN (which train to NaN without an error)."""
-    return _is_real(value) and math.isfinite(value)
-
-
 @dataclass
-class TrainConfig:
-    """Hyper-parameters of one training run. Validated on construction and by `validate()`;
-    invalid values raise a ValueError that names the field.
+class TrainConfig(LoopConfig):
+    """Hyper-parameters of one training run on a synthetic task: the loop's fields
+    (`LoopConfig`) and the task's and model's. Validated on construction and by
+    `validate()`; invalid values raise a ValueError that names the field.
 
     Model: a `PaTHLM` from the "fflm-1l" `ModelConfig` preset with vocab_size = the task's
     vocabulary, hidden_size = dim, intermediate_size = 4 * dim, num_hidden_layers = layers,
     num_attention_heads = heads, attn_type = attn.
-
-    Optimisation: AdamW(betas=(0.9, 0.95)); the learning rate rises linearly over
-    warmup_steps, then follows a cosine to lr * min_lr_ratio at `steps` (`lr_at`);
-    gradients are clipped to global norm grad_clip (0 = off). dtype "bfloat16" runs the
-    forward under CPU / CUDA autocast, parameters and optimizer state stay float32.
 
     Defaults: steps=2000 at batch 16 is a flip-flop run of about 6 minutes on 2 CPU cores
     (512 tokens per sequence); PaTH reaches 0 errors on every split of the final evaluation
@@ -111,26 +96,14 @@ class TrainConfig:
     task's default.
     """
 
+    POSITIVE_INTS = LoopConfig.POSITIVE_INTS + ("layers", "heads", "dim", "batch_size")
+
     task: str = "flipflop"
     attn: str = "path"
     layers: int = 1
     heads: int = 2
     dim: int = 64
-    steps: int = 2000
     batch_size: int = 16
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    dtype: str = "float32"
-    eval_every: int = 500
-    eval_batches: int = 4
-    final_eval_batches: int = 64
-    log_every: int = 10
-    checkpoint_every: int = 500
-    out_dir: str = "runs/train"
     # task options
     num_pairs: int | None = None
     length: int | None = None
@@ -138,12 +111,6 @@ class TrainConfig:
     n_back: int | None = None
     keys: int | None = None
     values: int | None = None
-    # not part of a run's identity (may change when resuming)
-    progress: bool = True
-    keep_checkpoints: int = 2
-
-    def __post_init__(self):
-        self.validate()
 
     def validate(self) -> TrainConfig:
         """Raise ValueError naming the first invalid field; return self when valid."""
@@ -151,38 +118,12 @@ class TrainConfig:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.attn not in ATTN_TYPES:
             raise ValueError(f"attn must be one of {ATTN_TYPES}, got {self.attn!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("layers", "heads", "dim", "steps", "batch_size", "eval_every",
-                     "eval_batches", "final_eval_batches", "log_every", "checkpoint_every",
-                     "keep_checkpoints"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("warmup_steps", "seed"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if not _is_finite(self.lr) or not self.lr > 0:
-            raise ValueError(f"lr must be a finite positive number, got {self.lr!r}")
-        for name in ("weight_decay", "grad_clip"):  # grad_clip 0 = no clipping
-            value = getattr(self, name)
-            if not _is_finite(value) or not value >= 0:
-                raise ValueError(f"{name} must be a finite non-negative number"
-                                 f"{' (0 = no clipping)' * (name == 'grad_clip')}, got "
-                                 f"{value!r}")
-        if not _is_real(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be a number in [0, 1], got "
-                             f"{self.min_lr_ratio!r}")
+        super().validate()
         if self.dim % self.heads:
             raise ValueError(f"dim={self.dim} must be divisible by heads={self.heads}")
         if self.attn == "rope" and (self.dim // self.heads) % 2:
             raise ValueError(f"dim: head size dim // heads = {self.dim // self.heads} must be "
                              "even for attn='rope'")
-        if not isinstance(self.out_dir, str) or not self.out_dir:
-            raise ValueError(f"out_dir must be a non-empty str, got {self.out_dir!r}")
-        if not isinstance(self.progress, bool):
-            raise ValueError(f"progress must be a bool, got {self.progress!r}")
         self._validate_task_options()
         return self
 
@@ -209,33 +150,12 @@ class TrainConfig:
 
     # ------------------------------------------------------------- dicts and presets
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field (JSON-serialisable)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of `to_dict`; unknown keys raise ValueError."""
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s): {unknown}")
-        return cls(**d)
-
     @classmethod
     def preset(cls, name: str, **overrides) -> TrainConfig:
         """The preset `name` of `TRAIN_PRESETS`, with field overrides."""
         if name not in TRAIN_PRESETS:
             raise ValueError(f"unknown preset {name!r}; presets: {sorted(TRAIN_PRESETS)}")
         return cls.from_dict({**TRAIN_PRESETS[name], **overrides})
-
-    def run_identity(self) -> dict[str, Any]:
-        """The fields that must match for a resume to continue the same run (all but
-        `NOT_IDENTITY`: where the run is, how it shows progress, how many checkpoints it
-        keeps)."""
-        d = self.to_dict()
-        for name in NOT_IDENTITY:
-            d.pop(name)
-        return d
 
 
 # ---------------------------------------------------------------------------- builders

@@ -197,7 +197,7 @@ def finished_metrics(cfg: TrainConfig) -> dict | None:
     else None."""
     out = Path(cfg.out_dir)
     try:
-        stored = TrainConfig.from_dict(json.loads((out / "config.json").read_text()))
+        stored = type(cfg).from_dict(json.loads((out / "config.json").read_text()))
         metrics = json.loads((out / "metrics.json").read_text())
     except (OSError, ValueError, TypeError):
         return None

@@ -1,8 +1,11 @@
-"""`Trainer`: trains a `PaTHLM` on a synthetic task of `pathattn.tasks` from a `TrainConfig`.
+"""`Trainer`: the one training loop, for every workload (`pathattn.train.workload`): the
+synthetic tasks of `pathattn.tasks` (`TrainConfig`) and language-model pretraining
+(`PretrainConfig`).
 
-One optimizer step per batch of the task's training stream: forward (autocast for
-dtype="bfloat16"), mean cross-entropy over scored targets, backward, gradient clipping,
-AdamW with the learning rate of `lr_at`. Outputs in `cfg.out_dir`:
+One optimizer step per training step of the workload: forward of each micro-batch
+(autocast for dtype="bfloat16"), mean cross-entropy over the step's scored targets,
+backward (gradients accumulated over the micro-batches), gradient clipping, AdamW with the
+learning rate of `lr_at`. Outputs in `cfg.out_dir`:
 
     log.jsonl      one record per logged step: {"step", "loss", "lr", "grad_norm",
                    "elapsed_s"}; "loss" is that step's batch loss
@@ -51,13 +54,15 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from ..distributed.data_parallel import DistributedTraining
-from ..models import PaTHLM
+from ..models import IGNORE_INDEX
 from .checkpoint import atomic_write_bytes, discard_after, load_checkpoint, save_checkpoint
 from .checkpoint import remove_temp_files as _remove_temp_files
-from .config import TaskStream, TrainConfig, build_model_config, model_vocab_size
-from .evaluate import autocast_context, evaluate
+from .config import TrainConfig
+from .evaluate import autocast_context
+from .loop_config import LoopConfig
 from .run_dir import LOG_FILES, finished_metrics, prepare_run_dir, truncate_jsonl
 from .signals import StopRequests, TrainingInterrupted
+from .workload import build_workload
 
 __all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "TrainingInterrupted"]
 
@@ -72,13 +77,16 @@ def flatten_metrics(nested: dict[str, dict[str, float]]) -> dict[str, float]:
     return flat
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg: LoopConfig) -> float:
     """Learning rate of optimizer step `step` (0-based: the update that takes the model
-    from `step` to `step + 1` steps). Linear warmup lr * (step + 1) / warmup_steps for
-    step < warmup_steps, then a cosine from lr down to lr * min_lr_ratio, reached at
-    step == cfg.steps."""
+    from `step` to `step + 1` steps). For step < warmup_steps a linear warmup, from
+    lr * warmup_start_ratio up to lr at the last warmup step; then a cosine from lr down to
+    lr * min_lr_ratio, reached at step == cfg.steps."""
     if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+        start = cfg.warmup_start_ratio
+        if start == 0:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        return cfg.lr * (start + (1 - start) * (step + 1) / cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
     ratio = cfg.min_lr_ratio
     return cfg.lr * (ratio + (1 - ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
@@ -102,7 +110,8 @@ class Trainer:
     """Training loop of `cfg` (module docstring).
 
     Args:
-        cfg: the run's TrainConfig.
+        cfg: the run's config (TrainConfig, PretrainConfig, or any config class with a
+            registered workload); its type decides the workload.
         resume: continue from cfg.out_dir's checkpoint (its config must match cfg in every
             field but `progress`, `out_dir` and `keep_checkpoints`; ValueError otherwise).
         device: where the model runs (default CPU).
@@ -125,10 +134,8 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = None
         torch.manual_seed(cfg.seed)
-        self.stream = TaskStream.for_split(cfg, "train")
-        tokens, _ = self._peek_shape()
-        self.model_config = build_model_config(cfg, model_vocab_size(self.stream.task), tokens)
-        self.model = PaTHLM(self.model_config).to(self.device)
+        self.workload = build_workload(cfg, self.device)
+        self.model, self.data = self.workload.model, self.workload.train_data
         # torchrun: DDP (+ context parallelism) from outside the model; None otherwise
         self.parallel = DistributedTraining.from_env(self.model, context_parallel, self.device)
         self.is_main = self.parallel is None or self.parallel.is_main
@@ -149,19 +156,13 @@ class Trainer:
             self.close()
             raise
 
-    def _peek_shape(self) -> tuple[int, int]:
-        """(T, B) of the training batches, without consuming the stream."""
-        probe = TaskStream(self.stream.task, self.stream.stream)
-        tokens, _ = next(probe)
-        return tokens.shape[1], tokens.shape[0]
-
     # ------------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the weights (loads with weights_only=True)."""
         return {"optimizer": self.optimizer.state_dict(),
                 "torch_rng": torch.get_rng_state(),
-                "data": self.stream.state_dict(),
+                "data": self.data.state_dict(),
                 "config": self.cfg.to_dict()}
 
     def close(self) -> None:
@@ -184,7 +185,7 @@ class Trainer:
 
     def _resume(self) -> None:
         state = load_checkpoint(self.out_dir, self.model)
-        saved = TrainConfig.from_dict(state["config"]).run_identity()
+        saved = type(self.cfg).from_dict(state["config"]).run_identity()
         mine = self.cfg.run_identity()
         diff = sorted(k for k in mine if mine[k] != saved[k])
         if diff:
@@ -193,10 +194,10 @@ class Trainer:
                              f"{[mine[k] for k in diff]})")
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
-        self.stream.load_state_dict(state["data"])
+        self.data.load_state_dict(state["data"])
         self.step = int(state["step"])
-        if self.stream.batches != self.step:
-            raise ValueError(f"resume: checkpoint data stream drew {self.stream.batches} "
+        if self.data.batches != self.step:
+            raise ValueError(f"resume: checkpoint data stream drew {self.data.batches} "
                              f"batches at step {self.step}")
         self._truncate_logs(self.step)
 
@@ -223,22 +224,29 @@ class Trainer:
     # ---------------------------------------------------------------------- training
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step on the next training batch; returns {"loss", "lr",
-        "grad_norm"}."""
+        """One optimizer step on the next training step's micro-batches; returns {"loss",
+        "lr", "grad_norm"} (loss: mean over the step's scored targets)."""
         cfg = self.cfg
-        tokens, targets = next(self.stream)  # [B, T] each
-        tokens, targets = tokens.to(self.device), targets.to(self.device)
+        micro = [{k: v.to(self.device) for k, v in mb.items()} for mb in next(self.data)]
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with autocast_context(cfg.dtype, self.device):
-            if self.parallel is None:
-                _, loss = self.model(tokens, labels=targets)
-                objective = loss
-            else:  # this rank's share of the global batch's mean loss
-                loss, objective = self.parallel.loss(tokens, targets)
         self.optimizer.zero_grad(set_to_none=True)
-        objective.backward()
+        scored = [int((mb["labels"] != IGNORE_INDEX).sum()) for mb in micro]
+        total = max(1, sum(scored))
+        loss_sum = 0.0
+        for mb, n in zip(micro, scored, strict=True):
+            with autocast_context(cfg.dtype, self.device):
+                if self.parallel is None:
+                    _, loss = self.model(**mb)
+                    objective = loss * (n / total) if len(micro) > 1 else loss
+                else:  # this rank's share of the global batch's mean loss
+                    if len(micro) > 1 or "cu_seqlens" in mb:
+                        raise ValueError("torchrun: data parallelism takes one dense "
+                                         "micro-batch per step")
+                    loss, objective = self.parallel.loss(mb["input_ids"], mb["labels"])
+            objective.backward()
+            loss_sum += float(loss.detach()) * (n / total if len(micro) > 1 else 1.0)
         if cfg.grad_clip > 0:
             grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         else:
@@ -246,12 +254,12 @@ class Trainer:
                 [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
         self.optimizer.step()
         self.step += 1
-        return {"loss": float(loss.detach()), "lr": lr, "grad_norm": grad_norm}
+        return {"loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
 
     def evaluate(self, batches: int | None = None) -> dict[str, dict[str, float]]:
         """Metrics on every validation split (`pathattn.train.evaluate`), on `batches`
         batches per split (default cfg.eval_batches)."""
-        return evaluate(self.model, self.cfg, self.device, batches)
+        return self.workload.evaluate(self.model, batches)
 
     def train(self, until: int | None = None) -> dict[str, Any]:
         """Train from the current step up to `until` (default cfg.steps) steps. Logs every
@@ -262,7 +270,7 @@ class Trainer:
         cfg = self.cfg
         until = cfg.steps if until is None else min(int(until), cfg.steps)
         self.model.train()
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.task}/{cfg.attn}",
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {self.workload.name}",
                    disable=not (cfg.progress and sys.stderr.isatty()), dynamic_ncols=True)
         start = time.perf_counter()
         # torchrun: no graceful stop (every rank would have to agree on the step)

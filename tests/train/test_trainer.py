@@ -149,7 +149,7 @@ def test_exact_resume_gives_identical_losses(tmp_path):
     part = tiny(tmp_path / "part", steps=6, checkpoint_every=3, eval_every=3)
     Trainer(part).train(until=4)  # "killed" after step 4, last checkpoint at step 3
     resumed = Trainer(part, resume=True)
-    assert resumed.step == 3 and resumed.stream.batches == 3
+    assert resumed.step == 3 and resumed.data.batches == 3
     resumed.train()
     log = read_jsonl(tmp_path / "part" / "run" / "log.jsonl")
     assert [r["step"] for r in log] == list(range(1, 7))  # step 4 of the first try dropped
