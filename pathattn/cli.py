@@ -141,6 +141,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                        "Writes DIR/log.jsonl, eval.jsonl, metrics.json, checkpoints/.")
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    add_model_arg_flag(p)
     p.add_argument("--out", required=True, help="run directory (out_dir)")
     _add_run_dir_flags(p, "continue from the checkpoint in --out with its stored config",
                        "replace the run in --out (its logs, metrics and checkpoints)")
@@ -149,6 +150,28 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="under torchrun: ranks sharing each sequence (context parallelism, "
                    "PaTH layers only); data parallelism over the rest (default 1)")
     p.set_defaults(run=_run_train)
+
+
+def add_model_arg_flag(p: argparse.ArgumentParser) -> None:
+    """--model-arg KEY=VALUE (repeatable): any `ModelConfig` field."""
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="any ModelConfig field, e.g. beta_max=1.99, w_rank=16, qk_norm=true, "
+                   "num_key_value_heads=1 (repeatable)")
+
+
+def model_args(items: Sequence[str]) -> dict:
+    """["beta_max=1.99", "qk_norm=true"] -> {"beta_max": 1.99, "qk_norm": True}: values are
+    read as JSON (numbers, true / false, null), anything else as a string."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
 
 
 def _add_run_dir_flags(p: argparse.ArgumentParser, resume_help: str,
@@ -168,6 +191,8 @@ def _train_config(args: argparse.Namespace):
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
              if getattr(args, dest) is not None}
+    if args.model_arg:
+        given["model"] = model_args(args.model_arg)
     common = dict(out_dir=args.out, progress=not args.no_progress)
     if not args.resume:
         return TrainConfig(**given, **common)

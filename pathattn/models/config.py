@@ -36,6 +36,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fflm-1l": dict(vocab_size=5, hidden_size=64, intermediate_size=256,
                     num_hidden_layers=1, num_attention_heads=2, w_rank=32,
                     max_position_embeddings=2048),
+    # language-model pretraining (`pathattn pretrain`); vocab_size is the tokenizer's.
+    # cpu-tiny: tests and demos, minutes on 2 cores (about 0.3M parameters + embeddings)
+    "cpu-tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=176,
+                     num_hidden_layers=2, num_attention_heads=4, w_rank=16,
+                     max_position_embeddings=256),
+    # cpu-small: the CPU-scale comparison, about 20M parameters with an 8K vocab (tied)
+    "cpu-small": dict(vocab_size=8192, hidden_size=512, intermediate_size=1024,
+                      num_hidden_layers=6, num_attention_heads=8, w_rank=32,
+                      max_position_embeddings=2048),
+    # 760m: the paper's scale (section 4.2; GPU clusters). Our choice of shape: 24 layers,
+    # width 1536, 24 heads of 64, SwiGLU 4096, 32K vocab, untied head, 4096 context:
+    # about 780M parameters
+    "760m": dict(vocab_size=32768, hidden_size=1536, intermediate_size=4096,
+                 num_hidden_layers=24, num_attention_heads=24, w_rank=32,
+                 tie_word_embeddings=False, max_position_embeddings=4096),
     # a GPT-2-small-sized model (about 110M parameters with the 32k vocab, tied)
     "small": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048,
                   num_hidden_layers=12, num_attention_heads=12, w_rank=32,

@@ -23,8 +23,9 @@ splits, so their single `val` stream is the training task with seed stream 1 ins
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -91,6 +92,9 @@ class TrainConfig(LoopConfig):
     evaluation (metrics.json) on final_eval_batches batches per split (default 64 batches of
     16 = 1024 sequences: enough reads to resolve flip-flop error rates well below 1 %).
 
+    Model: `model` holds any further ModelConfig field (num_key_value_heads, beta_max,
+    w_rank, conv_size, qk_norm, rope_theta, ...; `pathattn train --model-arg beta_max=1.99`).
+
     Task options: num_pairs (flip-flop; T = 2 * num_pairs), length (a5 / s5: default 32,
     mqrar: default 768), alphabet (a5 / s5), n_back, keys, values (mqrar). None = the
     task's default.
@@ -111,6 +115,8 @@ class TrainConfig(LoopConfig):
     n_back: int | None = None
     keys: int | None = None
     values: int | None = None
+    # any other ModelConfig field, e.g. {"beta_max": 1.99, "w_rank": 16, "qk_norm": True}
+    model: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> TrainConfig:
         """Raise ValueError naming the first invalid field; return self when valid."""
@@ -125,7 +131,24 @@ class TrainConfig(LoopConfig):
             raise ValueError(f"dim: head size dim // heads = {self.dim // self.heads} must be "
                              "even for attn='rope'")
         self._validate_task_options()
+        self._validate_model_overrides()
         return self
+
+    def _validate_model_overrides(self) -> None:
+        if not isinstance(self.model, dict):
+            raise ValueError(f"model must be a dict of ModelConfig fields, got {self.model!r}")
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
+        unknown = sorted(set(self.model) - known)
+        if unknown:
+            raise ValueError(f"model: unknown ModelConfig field(s) {unknown}")
+        taken = sorted(set(self.model) & set(TASK_DECIDES))
+        if taken:
+            raise ValueError(f"model: {taken} are set by the task and layers / heads / dim / "
+                             "attn, not by model overrides")
+        try:
+            build_model_config(self, 8, 2048)
+        except ValueError as e:
+            raise ValueError(f"model: {e}") from None
 
     def _validate_task_options(self) -> None:
         applies = {"num_pairs": ("flipflop",), "length": ("a5", "s5", "mqrar"),
@@ -198,12 +221,18 @@ def eval_splits(cfg: TrainConfig) -> tuple[str, ...]:
     return FLIPFLOP_VAL_SPLITS if cfg.task == "flipflop" else ("val",)
 
 
+# ModelConfig fields a TrainConfig decides itself (`build_model_config`)
+TASK_DECIDES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "attn_type")
+
+
 def build_model_config(cfg: TrainConfig, vocab_size: int, seq_len: int) -> ModelConfig:
-    """The `ModelConfig` of a run ("fflm-1l" preset with the run's sizes)."""
+    """The `ModelConfig` of a run ("fflm-1l" preset with the run's sizes and cfg.model's
+    other fields)."""
     return ModelConfig.preset(
-        "fflm-1l", vocab_size=vocab_size, hidden_size=cfg.dim, intermediate_size=4 * cfg.dim,
-        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, attn_type=cfg.attn,
-        max_position_embeddings=max(2048, seq_len))
+        "fflm-1l", **{"max_position_embeddings": max(2048, seq_len), **cfg.model},
+        vocab_size=vocab_size, hidden_size=cfg.dim, intermediate_size=4 * cfg.dim,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, attn_type=cfg.attn)
 
 
 class TaskStream:
