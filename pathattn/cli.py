@@ -300,6 +300,31 @@ def _run_layers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
+def _add_text_commands(sub: argparse._SubParsersAction) -> None:
+    """tokenizer, prepare and pretrain: language-model pretraining on text
+    (`pathattn.data`, `pathattn.train.pretrain`)."""
+    from .data import (
+        add_prepare_arguments,
+        add_tokenizer_arguments,
+        run_prepare,
+        run_tokenizer,
+    )
+    from .train.pretrain_cli import __doc__ as pretrain_doc
+    from .train.pretrain_cli import add_pretrain_arguments, run_pretrain
+
+    for name, help_, add, run in (
+            ("tokenizer", "train a byte-level BPE tokenizer", add_tokenizer_arguments,
+             run_tokenizer),
+            ("prepare", "tokenize a corpus into memory-mapped token files",
+             add_prepare_arguments, run_prepare),
+            ("pretrain", "pretrain a language model on prepared text", add_pretrain_arguments,
+             run_pretrain)):
+        p = sub.add_parser(name, help=help_, description=pretrain_doc if name == "pretrain"
+                           else help_, formatter_class=argparse.RawDescriptionHelpFormatter)
+        add(p)
+        p.set_defaults(run=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathattn", description="PaTH attention tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -307,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_compare(sub)
     _add_layers(sub)
+    _add_text_commands(sub)
     return parser
 
 
@@ -351,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             return e.exit_code
         except KeyboardInterrupt:  # a second Ctrl-C: no new checkpoint, the last one stands
-            if args.command == "data":
+            if args.command in ("data", "tokenizer", "prepare"):  # nothing to resume
                 raise
             print(f"pathattn {args.command}: aborted; the checkpoints already written are "
                   f"intact, resume with: {_resume_command(argv)}", file=sys.stderr)

@@ -1,8 +1,9 @@
-"""Training on the synthetic tasks: `TrainConfig` (one dataclass, named presets), the
-`Trainer` loop (AdamW, warmup + cosine, clipping, JSONL logs, evaluation), atomic
-safetensors checkpoints with exact resume and fallback to older ones, run-folder protection
-and locking (`run_dir`), a graceful stop on SIGINT / SIGTERM (`signals`), and the task
-metrics (`evaluate`)."""
+"""Training: the synthetic tasks (`TrainConfig`, named presets) and language-model
+pretraining (`PretrainConfig`, `pathattn.train.pretrain`) through one `Trainer` loop
+(AdamW, warmup + cosine, clipping, JSONL logs, evaluation), atomic safetensors checkpoints
+with exact resume and fallback to older ones, run-folder protection and locking
+(`run_dir`), a graceful stop on SIGINT / SIGTERM (`signals`), and the task metrics
+(`evaluate`)."""
 
 from .checkpoint import (
     CheckpointError,
@@ -15,6 +16,8 @@ from .checkpoint import (
 from .compare import compare, markdown_table
 from .config import TRAIN_PRESETS, TaskStream, TrainConfig, build_task, eval_splits
 from .evaluate import evaluate
+from .loop_config import LoopConfig
+from .pretrain import PretrainConfig, export_hf, text_loss
 from .run_dir import RunDirBusy, RunDirError, lock_run_dir, prepare_run_dir, read_jsonl
 from .signals import TrainingInterrupted
 from .sweep import fewest_layers, layers_table, solve_score
@@ -25,4 +28,5 @@ __all__ = ["TrainConfig", "TRAIN_PRESETS", "TaskStream", "build_task", "eval_spl
            "load_checkpoint", "latest_step", "atomic_write_bytes", "compare", "markdown_table",
            "fewest_layers", "layers_table", "solve_score", "CheckpointError",
            "CheckpointWarning", "RunDirBusy", "RunDirError", "lock_run_dir", "prepare_run_dir",
-           "read_jsonl", "TrainingInterrupted", "train_or_reuse"]
+           "read_jsonl", "TrainingInterrupted", "train_or_reuse", "LoopConfig",
+           "PretrainConfig", "export_hf", "text_loss"]

@@ -265,7 +265,7 @@ def _jsonl_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
 def truncate_jsonl(path: str | os.PathLike, last_step: int) -> None:
     """Keep the records of `path` with "step" <= last_step, rewritten atomically: lines
     unchanged (so a resumed run's log is byte for byte an uninterrupted run's, but for
-    "elapsed_s"), a cut-off last line dropped."""
+    the wall-clock fields "elapsed_s" and "tokens_per_s"), a cut-off last line dropped."""
     path = Path(path)
     if not path.exists():
         return

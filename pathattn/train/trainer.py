@@ -8,7 +8,9 @@ backward (gradients accumulated over the micro-batches), gradient clipping, Adam
 learning rate of `lr_at`. Outputs in `cfg.out_dir`:
 
     log.jsonl      one record per logged step: {"step", "loss", "lr", "grad_norm",
-                   "elapsed_s"}; "loss" is that step's batch loss
+                   "tokens", "elapsed_s", "tokens_per_s"}; "loss" is that step's batch
+                   loss, "tokens" the input tokens of all steps so far; the wall-clock
+                   fields (`TIMING_FIELDS`) are the only ones a resumed run does not repeat
     eval.jsonl     one record per evaluation: {"step", <split>: {metric: value}}
     metrics.json   the final evaluation (cfg.final_eval_batches per split), flat
                    (`flatten_metrics`): for flip-flop the error rates as fractions under
@@ -64,7 +66,11 @@ from .run_dir import LOG_FILES, finished_metrics, prepare_run_dir, truncate_json
 from .signals import StopRequests, TrainingInterrupted
 from .workload import build_workload
 
-__all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "TrainingInterrupted"]
+__all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "TrainingInterrupted",
+           "TIMING_FIELDS"]
+
+# log.jsonl fields that depend on the wall clock
+TIMING_FIELDS = ("elapsed_s", "tokens_per_s")
 
 
 def flatten_metrics(nested: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -144,6 +150,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay),
                                            lr=cfg.lr, betas=(0.9, 0.95))
         self.step = 0
+        self.tokens = 0  # input tokens of all steps so far
         try:
             if resume:
                 self._resume()
@@ -162,6 +169,7 @@ class Trainer:
         """Everything but the weights (loads with weights_only=True)."""
         return {"optimizer": self.optimizer.state_dict(),
                 "torch_rng": torch.get_rng_state(),
+                "tokens": self.tokens,
                 "data": self.data.state_dict(),
                 "config": self.cfg.to_dict()}
 
@@ -196,6 +204,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.data.load_state_dict(state["data"])
         self.step = int(state["step"])
+        self.tokens = int(state.get("tokens", 0))
         if self.data.batches != self.step:
             raise ValueError(f"resume: checkpoint data stream drew {self.data.batches} "
                              f"batches at step {self.step}")
@@ -254,6 +263,7 @@ class Trainer:
                 [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
         self.optimizer.step()
         self.step += 1
+        self.tokens += sum(mb["input_ids"].numel() for mb in micro)
         return {"loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
 
     def evaluate(self, batches: int | None = None) -> dict[str, dict[str, float]]:
@@ -272,7 +282,7 @@ class Trainer:
         self.model.train()
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {self.workload.name}",
                    disable=not (cfg.progress and sys.stderr.isatty()), dynamic_ncols=True)
-        start = time.perf_counter()
+        start, start_tokens = time.perf_counter(), self.tokens
         # torchrun: no graceful stop (every rank would have to agree on the step)
         with StopRequests(enabled=self.parallel is None) as stop:
             try:
@@ -280,8 +290,11 @@ class Trainer:
                     stats = self.train_step()
                     bar.update(1)
                     if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                        self._append("log.jsonl", {"step": self.step, **stats,
-                                                   "elapsed_s": time.perf_counter() - start})
+                        elapsed = time.perf_counter() - start
+                        self._append("log.jsonl", {
+                            "step": self.step, **stats, "tokens": self.tokens,
+                            "elapsed_s": elapsed,
+                            "tokens_per_s": (self.tokens - start_tokens) / max(elapsed, 1e-9)})
                         bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
                     if (self.step % cfg.eval_every == 0 and self.step < cfg.steps
                             and self.is_main):

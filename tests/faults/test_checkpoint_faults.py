@@ -35,6 +35,7 @@ from pathattn.train import (
     read_jsonl,
 )
 from pathattn.train import checkpoint as ck
+from pathattn.train.trainer import TIMING_FIELDS
 from tests.train.test_trainer import tiny
 
 # ------------------------------------------------------------------------ helpers
@@ -42,7 +43,7 @@ from tests.train.test_trainer import tiny
 
 def _records(path: Path) -> list[dict]:
     """Log records without the wall-clock field, the one thing a resume cannot repeat."""
-    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in read_jsonl(path)]
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_jsonl(path)]
 
 
 def _outputs(run: Path) -> tuple:

@@ -24,6 +24,7 @@ from pathattn.train import (
     load_checkpoint,
     read_jsonl,
 )
+from pathattn.train.trainer import TIMING_FIELDS
 from tests.train.test_trainer import tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
 def _records(path: Path) -> list[dict]:
     """Log records without the wall-clock field, the one thing a resume cannot repeat."""
-    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in read_jsonl(path)]
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in read_jsonl(path)]
 
 
 def _outputs(run: Path) -> tuple:

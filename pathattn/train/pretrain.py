@@ -1,0 +1,193 @@
+"""Language-model pretraining (paper section 4.2) on a prepared text folder
+(`pathattn prepare`), by the one training loop (`Trainer`).
+
+`PretrainConfig` is the loop's config (`LoopConfig`) with the data, the batch shape and
+the whole `ModelConfig` embedded, so a run's config.json says everything that decides its
+results. Its defaults are the paper's recipe (appendix, "Experimental details"): AdamW,
+peak learning rate 1e-3 with a linear warmup from 3e-5 and a cosine decay to 3e-5, weight
+decay 0.01, gradient clipping 1.0, initialisation std 0.02 (`ModelConfig`).
+
+A step is `accum` micro-batches of `batch_size` rows of `seq_len` tokens (`TokenLoader`
+global batches, in order): its loss is the mean over all its scored tokens. Evaluation:
+validation loss (mean cross-entropy over every scored token of the first `eval_batches`
+batches of the val split, in stored order) and perplexity exp(loss), as "val_loss" and
+"val_ppl" in eval.jsonl and metrics.json (the final evaluation covers at most
+`final_eval_batches` batches: by default the whole split of a CPU-sized corpus).
+
+At the end `export_hf` writes `out_dir/hf/`: `save_pretrained` of the model as a
+`PaTHForCausalLM` plus the tokenizer, loadable with `AutoModelForCausalLM` and
+`AutoTokenizer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import EvalLoader, TokenDataset, TokenLoader, load_tokenizer
+from ..data.loader import MODES
+from ..models import PaTHLM
+from ..models.config import ModelConfig
+from .evaluate import autocast_context
+from .loop_config import LoopConfig
+from .workload import Workload, register_workload
+
+__all__ = ["PretrainConfig", "TextSteps", "text_loss", "export_hf"]
+
+
+@dataclass
+class PretrainConfig(LoopConfig):
+    """A pretraining run: the loop's fields (`LoopConfig`, with the paper's recipe as
+    defaults), data (a prepared folder), model (a ModelConfig or its dict), seq_len
+    (tokens per row, the training length), batch_size (rows per micro-batch), accum
+    (micro-batches per optimizer step), packing ("packed": documents never attend to each
+    other, cu_seqlens; "windows": plain windows over the token stream), grad_checkpointing
+    (recompute each block in the backward instead of storing its activations)."""
+
+    POSITIVE_INTS = LoopConfig.POSITIVE_INTS + ("seq_len", "batch_size", "accum")
+
+    data: str = ""
+    model: Any = field(default_factory=lambda: ModelConfig.preset("cpu-tiny"))
+    seq_len: int = 256
+    batch_size: int = 8
+    accum: int = 1
+    packing: str = "packed"
+    grad_checkpointing: bool = False
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_start_ratio: float = 0.03
+    min_lr_ratio: float = 0.03
+    eval_every: int = 200
+    eval_batches: int = 8
+    final_eval_batches: int = 10_000
+    checkpoint_every: int = 200
+    out_dir: str = "runs/pretrain"
+
+    def validate(self) -> PretrainConfig:
+        if isinstance(self.model, dict):
+            self.model = ModelConfig.from_dict(self.model)
+        if not isinstance(self.model, ModelConfig):
+            raise ValueError(f"model must be a ModelConfig or its dict, got {self.model!r}")
+        self.model.validate()
+        super().validate()
+        if not isinstance(self.data, str) or not self.data:
+            raise ValueError("data must be the path of a prepared folder (pathattn prepare), "
+                             f"got {self.data!r}")
+        if self.packing not in MODES:
+            raise ValueError(f"packing must be one of {MODES}, got {self.packing!r}")
+        if not isinstance(self.grad_checkpointing, bool):
+            raise ValueError(f"grad_checkpointing must be a bool, got "
+                             f"{self.grad_checkpointing!r}")
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.batch_size * self.accum
+
+
+class TextSteps:
+    """Training steps of `accum` consecutive `TokenLoader` batches each (micro-batches as
+    `PaTHLM.forward` keyword arguments); `batches` counts steps."""
+
+    def __init__(self, loader: TokenLoader, accum: int):
+        self.loader, self.accum = loader, accum
+
+    @property
+    def batches(self) -> int:
+        return self.loader.next_index // self.accum
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
+        steps = [next(self.loader).model_inputs() for _ in range(self.accum)]
+        return [{k: v for k, v in mb.items() if v is not None} for mb in steps]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+@torch.no_grad()
+def text_loss(model: torch.nn.Module, loader: EvalLoader, batches: int | None,
+              dtype: str = "float32", device: torch.device | str = "cpu") -> dict[str, float]:
+    """Mean cross-entropy over every scored token of the first `batches` batches of
+    `loader` (all when None), its perplexity and the token count: {"loss", "ppl",
+    "tokens"}. The model is put in eval mode and back."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for index, batch in enumerate(loader):
+            if batches is not None and index >= batches:
+                break
+            if batch.num_scored == 0:
+                continue
+            inputs = {k: v.to(device) for k, v in batch.model_inputs().items()
+                      if v is not None}
+            with autocast_context(dtype, torch.device(device)):
+                _, loss = model(**inputs)
+            total += float(loss) * batch.num_scored
+            count += batch.num_scored
+    finally:
+        model.train(was_training)
+    loss = total / max(count, 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
+
+
+@register_workload(PretrainConfig)
+def text_workload(cfg: PretrainConfig, device: torch.device) -> Workload:
+    """A `PaTHLM` of cfg.model on cfg.data's training split; validation loss on its val
+    split."""
+    train = TokenDataset(cfg.data, "train")
+    if train.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"model: vocab_size {cfg.model.vocab_size} is smaller than the "
+                         f"data's tokenizer ({train.vocab_size} ids)")
+    model = PaTHLM(cfg.model).to(device)
+    model.gradient_checkpointing = cfg.grad_checkpointing
+    loader = TokenLoader(train, cfg.seq_len, cfg.batch_size, mode=cfg.packing, seed=cfg.seed)
+    val = EvalLoader(cfg.data, cfg.seq_len, cfg.batch_size, mode=cfg.packing)
+
+    def evaluate(m, batches):
+        n = cfg.eval_batches if batches is None else batches
+        return {"val": text_loss(m, val, n, cfg.dtype, device)}
+
+    return Workload(model=model, train_data=TextSteps(loader, cfg.accum), evaluate=evaluate,
+                    name=f"pretrain/{cfg.model.attn_type}")
+
+
+def export_hf(model: PaTHLM, cfg: PretrainConfig, out: str | os.PathLike | None = None
+              ) -> Path:
+    """Write `save_pretrained` of `model` as a PaTHForCausalLM and the data's tokenizer to
+    `out` (default cfg.out_dir/hf), replacing a previous export only once the new one is
+    complete. Returns the folder."""
+    from ..hf import PaTHForCausalLM
+
+    out = Path(cfg.out_dir) / "hf" if out is None else Path(out)
+    meta = TokenDataset(cfg.data, "train").meta["tokenizer"]
+    tok = load_tokenizer(meta["path"])
+    ids = {name: getattr(tok, f"{name}_token_id") for name in ("bos", "eos", "pad")}
+    hf = PaTHForCausalLM.from_pathlm(model, **{f"{k}_token_id": v for k, v in ids.items()
+                                                 if v is not None})
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def pretrain_config_fields() -> list[str]:
+    """Names of PretrainConfig's fields (the CLI maps its flags onto them)."""
+    return [f.name for f in dataclasses.fields(PretrainConfig)]
