@@ -52,9 +52,21 @@ def _check_vocab_size(vocab_size) -> int:
     return vocab_size
 
 
+def require_text_packages() -> None:
+    """DataError naming the install command when `tokenizers` or `transformers` (the
+    `text` extra) is missing."""
+    import importlib.util
+
+    missing = [m for m in ("tokenizers", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DataError(f"tokenizers and pretraining need the packages {missing}: "
+                        "pip install 'pathattn[text]'")
+
+
 def _bpe_tokenizer(texts, num_texts: int | None, vocab_size: int, min_frequency: int,
                    progress: bool):
     """A trained `tokenizers.Tokenizer` (module docstring)."""
+    require_text_packages()
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -129,6 +141,7 @@ def _save(hf, out: Path, info: dict) -> None:
 def load_tokenizer(path: str | os.PathLike):
     """`AutoTokenizer.from_pretrained(path)`; DataError when it cannot be loaded or has no
     eos token."""
+    require_text_packages()
     from transformers import AutoTokenizer
 
     if not Path(path).is_dir():
