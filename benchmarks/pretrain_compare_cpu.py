@@ -94,10 +94,18 @@ def _plot(out: Path, attns) -> None:
         log = {r["step"]: r["tokens"] for r in read_jsonl(out / attn / "log.jsonl")}
         cfg = json.loads((out / attn / "config.json").read_text())
         per_step = cfg["seq_len"] * cfg["batch_size"] * cfg["accum"]
-        ax.plot([log.get(r["step"], r["step"] * per_step) for r in evals],
-                [r["val_loss"] for r in evals], label=attn)
+        # periodic evaluations (the first eval_batches of the val split) as a line; the
+        # final one (the whole split) as a marker: they are not the same tokens
+        periodic = [r for r in evals if r["step"] < cfg["steps"]]
+        line, = ax.plot([log.get(r["step"], r["step"] * per_step) for r in periodic],
+                        [r["val_loss"] for r in periodic], label=attn)
+        final = [r for r in evals if r["step"] == cfg["steps"]]
+        if final:
+            ax.plot([cfg["steps"] * per_step], [final[-1]["val_loss"]], "o",
+                    color=line.get_color())
     ax.set_xlabel("training tokens")
     ax.set_ylabel("validation loss")
+    ax.set_title("line: first eval batches of val; dot: the whole val split", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "val_loss.png", dpi=120)

@@ -130,6 +130,26 @@ class DistributedTraining:
         loss = summed / denom if n else summed * float("nan")
         return loss, total * (self.world_size / denom)
 
+    def shard_loss(self, inputs: dict[str, torch.Tensor], global_scored: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A micro-batch already cut to this rank's rows (`PaTHLM.forward` arguments:
+        input_ids, labels, optionally cu_seqlens) and the number of scored targets of the
+        global step over all ranks -> (this micro-batch's share of the step's mean loss,
+        all-reduced and detached; the objective this rank back-propagates): the same
+        weighting as `loss` (module docstring), for data that each rank reads itself
+        (`pathattn.data.TokenLoader` with rank and world size). Data parallelism only."""
+        if self.cp > 1:
+            raise ValueError("context_parallel: pretraining on text runs data-parallel only")
+        labels = inputs["labels"]
+        logits, _ = self.ddp(inputs["input_ids"], cu_seqlens=inputs.get("cu_seqlens"))
+        V = logits.shape[-1]
+        total = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1).long(),
+                                ignore_index=IGNORE_INDEX, reduction="sum")
+        summed = total.detach().clone()
+        dist.all_reduce(summed)
+        denom = max(int(global_scored), 1)
+        return summed / denom, total * (self.world_size / denom)
+
     def barrier(self) -> None:
         dist.barrier()
 

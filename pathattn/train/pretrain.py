@@ -1,6 +1,10 @@
 """Language-model pretraining (paper section 4.2) on a prepared text folder
 (`pathattn prepare`), by the one training loop (`Trainer`).
 
+Under `torchrun --nproc_per_node=P` the run is data-parallel (DDP): each rank reads its
+own rows of every global batch, the update is the single-process one (the same global
+batches, each token weighted alike), only rank 0 evaluates and writes.
+
 `PretrainConfig` is the loop's config (`LoopConfig`) with the data, the batch shape and
 the whole `ModelConfig` embedded, so a run's config.json says everything that decides its
 results. Its defaults are the paper's recipe (appendix, "Experimental details"): AdamW,
@@ -33,6 +37,7 @@ import torch
 
 from ..data import EvalLoader, TokenDataset, TokenLoader, load_tokenizer
 from ..data.loader import MODES
+from ..distributed.data_parallel import torchrun_world_size
 from ..models import PaTHLM
 from ..models.config import ModelConfig
 from .evaluate import autocast_context
@@ -93,8 +98,10 @@ class PretrainConfig(LoopConfig):
 
 
 class TextSteps:
-    """Training steps of `accum` consecutive `TokenLoader` batches each (micro-batches as
-    `PaTHLM.forward` keyword arguments); `batches` counts steps."""
+    """Training steps of `accum` consecutive `TokenLoader` batches each: micro-batches as
+    `PaTHLM.forward` keyword arguments plus "global_scored" and "global_tokens" (scored
+    targets and input tokens of the whole global micro-batch, for the loop's weighting
+    under torchrun); `batches` counts steps."""
 
     def __init__(self, loader: TokenLoader, accum: int):
         self.loader, self.accum = loader, accum
@@ -106,9 +113,15 @@ class TextSteps:
     def __iter__(self):
         return self
 
-    def __next__(self) -> list[dict[str, torch.Tensor]]:
-        steps = [next(self.loader).model_inputs() for _ in range(self.accum)]
-        return [{k: v for k, v in mb.items() if v is not None} for mb in steps]
+    def __next__(self) -> list[dict[str, Any]]:
+        steps = []
+        for _ in range(self.accum):
+            batch = next(self.loader)
+            mb = {k: v for k, v in batch.model_inputs().items() if v is not None}
+            mb.update(global_scored=batch.global_num_scored,
+                      global_tokens=self.loader.tokens_per_batch)
+            steps.append(mb)
+        return steps
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
@@ -154,7 +167,11 @@ def text_workload(cfg: PretrainConfig, device: torch.device) -> Workload:
                          f"data's tokenizer ({train.vocab_size} ids)")
     model = PaTHLM(cfg.model).to(device)
     model.gradient_checkpointing = cfg.grad_checkpointing
-    loader = TokenLoader(train, cfg.seq_len, cfg.batch_size, mode=cfg.packing, seed=cfg.seed)
+    # under torchrun each rank reads its own rows of every global batch
+    world = torchrun_world_size()
+    rank = int(os.environ.get("RANK", "0")) if world > 1 else 0
+    loader = TokenLoader(train, cfg.seq_len, cfg.batch_size, mode=cfg.packing, seed=cfg.seed,
+                         rank=rank, world_size=world)
     val = EvalLoader(cfg.data, cfg.seq_len, cfg.batch_size, mode=cfg.packing)
 
     def evaluate(m, batches):

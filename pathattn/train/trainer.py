@@ -236,16 +236,40 @@ class Trainer:
         """One optimizer step on the next training step's micro-batches; returns {"loss",
         "lr", "grad_norm"} (loss: mean over the step's scored targets)."""
         cfg = self.cfg
-        micro = [{k: v.to(self.device) for k, v in mb.items()} for mb in next(self.data)]
+        micro = [{k: v.to(self.device) if torch.is_tensor(v) else v for k, v in mb.items()}
+                 for mb in next(self.data)]
+        # "global_scored" / "global_tokens": scored targets / input tokens of the global
+        # micro-batch when each rank reads its own rows (pretraining); absent when every
+        # rank draws the global batch (tasks)
+        global_scored = [mb.pop("global_scored", None) for mb in micro]
+        global_tokens = [mb.pop("global_tokens", None) for mb in micro]
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
+        if self.parallel is not None and None not in global_scored:
+            loss_sum = self._sharded_backward(micro, sum(global_scored))
+        else:
+            loss_sum = self._backward(micro)
+        if cfg.grad_clip > 0:
+            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack(
+                [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
+        self.optimizer.step()
+        self.step += 1
+        self.tokens += sum(mb["input_ids"].numel() if n is None else n
+                           for mb, n in zip(micro, global_tokens, strict=True))
+        return {"loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
+
+    def _backward(self, micro: list[dict]) -> float:
+        """Gradients of the step's mean loss over scored targets (micro-batches weighted by
+        their scored targets); returns that loss."""
         scored = [int((mb["labels"] != IGNORE_INDEX).sum()) for mb in micro]
         total = max(1, sum(scored))
         loss_sum = 0.0
         for mb, n in zip(micro, scored, strict=True):
-            with autocast_context(cfg.dtype, self.device):
+            with autocast_context(self.cfg.dtype, self.device):
                 if self.parallel is None:
                     _, loss = self.model(**mb)
                     objective = loss * (n / total) if len(micro) > 1 else loss
@@ -256,15 +280,18 @@ class Trainer:
                     loss, objective = self.parallel.loss(mb["input_ids"], mb["labels"])
             objective.backward()
             loss_sum += float(loss.detach()) * (n / total if len(micro) > 1 else 1.0)
-        if cfg.grad_clip > 0:
-            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-        else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack(
-                [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
-        self.optimizer.step()
-        self.step += 1
-        self.tokens += sum(mb["input_ids"].numel() for mb in micro)
-        return {"loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
+        return loss_sum
+
+    def _sharded_backward(self, micro: list[dict], global_scored: int) -> float:
+        """As `_backward` under torchrun when each rank holds its own rows of every
+        micro-batch (`DistributedTraining.shard_loss`)."""
+        loss_sum = 0.0
+        for mb in micro:
+            with autocast_context(self.cfg.dtype, self.device):
+                loss, objective = self.parallel.shard_loss(mb, global_scored)
+            objective.backward()
+            loss_sum += float(loss)
+        return loss_sum
 
     def evaluate(self, batches: int | None = None) -> dict[str, dict[str, float]]:
         """Metrics on every validation split (`pathattn.train.evaluate`), on `batches`

@@ -24,10 +24,9 @@ FILES = ["json/encoder.py", "json/decoder.py", "json/scanner.py", "json/__init__
          "email/quoprimime.py", "email/base64mime.py"]
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    """A 512-token tokenizer and a prepared folder of ten stdlib files (3 in val)."""
-    root = tmp_path_factory.mktemp("text")
+def make_prepared(root: Path) -> Path:
+    """A 512-token tokenizer and a prepared folder of ten stdlib files (3 in val) under
+    root; returns the prepared folder."""
     corpus = root / "corpus"
     corpus.mkdir()
     for name in FILES:
@@ -39,7 +38,12 @@ def prepared(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def _cfg(data: Path, out: Path, **over) -> PretrainConfig:
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    return make_prepared(tmp_path_factory.mktemp("text"))
+
+
+def small_config(data: Path, out: Path, **over) -> PretrainConfig:
     model = ModelConfig.preset("cpu-tiny", vocab_size=512, attn_type=over.pop("attn", "path"))
     base = dict(data=str(data), model=model, steps=6, seq_len=64, batch_size=2,
                 warmup_steps=1, eval_every=3, eval_batches=1, final_eval_batches=2,
@@ -82,11 +86,11 @@ def test_cli_slice_exports_a_loadable_model(prepared, tmp_path, capsys):
 
 def test_resume_is_exact(prepared, tmp_path):
     """Stopped after 3 steps and resumed: the same losses, bit for bit, as one run."""
-    with Trainer(_cfg(prepared, tmp_path / "one")) as t:
+    with Trainer(small_config(prepared, tmp_path / "one")) as t:
         t.train()
-    with Trainer(_cfg(prepared, tmp_path / "two")) as t:
+    with Trainer(small_config(prepared, tmp_path / "two")) as t:
         t.train(until=3)
-    with Trainer(_cfg(prepared, tmp_path / "two"), resume=True) as t:
+    with Trainer(small_config(prepared, tmp_path / "two"), resume=True) as t:
         t.train()
     losses = [[r["loss"] for r in read_jsonl(tmp_path / name / "log.jsonl")]
               for name in ("one", "two")]
@@ -97,7 +101,7 @@ def test_gradient_accumulation_equals_the_bigger_batch(prepared, tmp_path):
     """accum=2 micro-batches of 2 rows = one batch of 4 rows (the same tokens)."""
     runs = {}
     for name, over in (("accum", dict(batch_size=2, accum=2)), ("big", dict(batch_size=4))):
-        with Trainer(_cfg(prepared, tmp_path / name, steps=2, **over)) as t:
+        with Trainer(small_config(prepared, tmp_path / name, steps=2, **over)) as t:
             t.train(until=2)
             runs[name] = (t.model.state_dict(),
                           [r["loss"] for r in read_jsonl(tmp_path / name / "log.jsonl")])
@@ -120,5 +124,5 @@ def test_tokens_budget_and_errors(prepared, tmp_path, capsys):
         main(["pretrain", "--steps", "2", "--out", str(tmp_path / "r")])
     assert e.value.code == 2 and "--data" in capsys.readouterr().err
     with pytest.raises(ValueError, match="vocab_size 64 is smaller"):
-        Trainer(_cfg(prepared, tmp_path / "small", model=ModelConfig.preset(
+        Trainer(small_config(prepared, tmp_path / "small", model=ModelConfig.preset(
             "cpu-tiny", vocab_size=64)))
