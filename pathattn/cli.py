@@ -186,8 +186,8 @@ def _add_run_dir_flags(p: argparse.ArgumentParser, resume_help: str,
 def _train_config(args: argparse.Namespace):
     """The TrainConfig of parsed `train` arguments (the checkpoint's with --resume; options
     that do not change results, e.g. --keep-checkpoints, may differ from it)."""
-    from .train import CheckpointWarning, TrainConfig, load_checkpoint
-    from .train.config import NOT_IDENTITY
+    from .train import TrainConfig
+    from .train.run_dir import config_for_resume
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
              if getattr(args, dest) is not None}
@@ -196,18 +196,7 @@ def _train_config(args: argparse.Namespace):
     common = dict(out_dir=args.out, progress=not args.no_progress)
     if not args.resume:
         return TrainConfig(**given, **common)
-    try:
-        with warnings.catch_warnings():  # the Trainer warns when it loads the checkpoint
-            warnings.simplefilter("ignore", CheckpointWarning)
-            stored = load_checkpoint(args.out)["config"]
-    except FileNotFoundError:
-        raise ValueError(f"--resume: no checkpoint in {args.out} (start over with "
-                         "--overwrite)") from None
-    diff = sorted(k for k, v in given.items() if k not in NOT_IDENTITY and stored.get(k) != v)
-    if diff:
-        raise ValueError(f"--resume: options {diff} differ from the checkpoint's config")
-    own = {k: v for k, v in given.items() if k in NOT_IDENTITY}
-    return TrainConfig.from_dict({**stored, **own, **common})
+    return config_for_resume(TrainConfig, args.out, given, common)
 
 
 def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -1,4 +1,4 @@
-"""Parallelism applied from outside the model (STYLE point 9).
+"""Parallelism applied from outside the model (the model code stays unchanged).
 
 * `context_parallel_path_attn`: context-parallel (ring) PaTH attention over
   torch.distributed (paper section 3.5), in `context_parallel.py` (per-shard pieces in

@@ -1,4 +1,5 @@
-"""Data- and context-parallel training of an unchanged model under torchrun (STYLE point 9).
+"""Data- and context-parallel training of an unchanged model under torchrun (applied from
+outside the model).
 
 `DistributedTraining.from_env(model, context_parallel=N)` reads torchrun's environment
 (WORLD_SIZE, RANK, MASTER_ADDR / MASTER_PORT), initialises the default process group

@@ -1,4 +1,4 @@
-"""Context parallelism for an unchanged `PaTHLM` (STYLE point 9): a context manager that
+"""Context parallelism for an unchanged `PaTHLM`: a context manager that
 makes every `PaTHAttention` layer of a model run on a sequence shard.
 
 Inside `context_parallel(model, group)` each rank of `group` feeds the model its

@@ -1,5 +1,5 @@
 """`PaTHConfig`: the Hugging Face config of pathattn's language model, a thin adapter over
-`pathattn.models.ModelConfig` (STYLE point 4).
+`pathattn.models.ModelConfig`, which decides every model fact once.
 
 Every `ModelConfig` field is a config attribute of the same name and default (vocab_size,
 hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,

@@ -5,7 +5,7 @@ The blocks are `pathattn.models.lm.Block`, so a `PaTHForCausalLM` computes exact
 `PaTHLM` of `config.to_model_config()` computes; parameter names follow LLaMA's layout
 (`model.embed_tokens`, `model.layers.N.attn...`, `model.norm`, `lm_head`).
 
-Which path a forward call takes (STYLE point 6: training, prefill and decoding stay
+Which path a forward call takes (training, prefill and decoding stay
 separate functions; this module only dispatches):
 
     past_key_values holds a prefill          decode: the m new tokens after the cache

@@ -1,5 +1,5 @@
 """`ModelConfig`: the one dataclass that describes a decoder-only language model of
-`pathattn.models` (STYLE point 4), with named presets.
+`pathattn.models`, with named presets.
 
 Field names follow Hugging Face's (LLaMA-style) configs so that an HF `PretrainedConfig`
 can later be a thin adapter over this dataclass (`to_dict` / `from_dict`). The attention

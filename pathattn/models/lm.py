@@ -9,7 +9,7 @@ PaTH (paper section 2.2), PaTH-FoX, or the RoPE / FoX baselines, chosen by
 
 (the paper's language models follow the LLaMA recipe, section 4 "Experimental setup").
 Training (`forward`, optionally packed with cu_seqlens), prompt processing (`prefill`) and
-incremental decoding (`decode`) are separate methods (STYLE point 6).
+incremental decoding (`decode`) are separate methods.
 
 Labels convention: `labels[b, t]` is the target of position t, already aligned (the
 next token for language modelling), -100 = not scored. This is the convention of

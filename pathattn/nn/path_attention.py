@@ -49,7 +49,7 @@ whose casting rules then apply. T = 0 is allowed: forward and prefill return [B,
 (prefill with an empty cache), and decode of m = 0 tokens returns [B, 0, hidden] and leaves
 the cache unchanged.
 
-The three paths are separate methods (STYLE point 6): `forward` (training, optionally packed
+The three paths are separate methods, each simple to read: `forward` (training, optionally packed
 with cu_seqlens), `prefill` (prompt -> output and `LayerCache`) and `decode` (m new tokens,
 in place on the cache).
 """

@@ -8,7 +8,7 @@ over C channels with kernel size K. The paper names no activation after this con
 so none is applied by default (fla's `ShortConvolution`, used by the reference code, defaults
 to SiLU; pass activation="silu" to get that).
 
-Three paths, one per use (STYLE point 6):
+Three paths, one per use:
     forward(x, cu_seqlens)   training: F.conv1d with K-1 zeros on the left, or, for packed
                              sequences, a shifted sum that restarts at every boundary;
     prefill(x, mask)         a prompt (left padding counts as zeros) and the decode state;

@@ -1,4 +1,4 @@
-"""Synthetic tasks of the paper's section "Synthetic Tasks" (specified in `TASKS.md`):
+"""Synthetic tasks of the paper's section "Synthetic Tasks" :
 flip-flop language modelling, word problems on A5 / S5, and MQRAR-N. Each task is an
 endless, seeded iterable of (tokens, targets) batches, LongTensor [B, T] each, with a
 `vocab` mapping ids <-> strings; `IGNORE_INDEX` marks unscored targets."""

@@ -2,7 +2,7 @@
 unscored targets, per-stream seeding, and the JSONL record format written by
 `pathattn data` (one sequence per line, `{"tokens": [...], "targets": [...]}`).
 
-Conventions (see `TASKS.md`):
+Conventions:
 - `tokens` is a LongTensor [B, T] of vocabulary ids, `targets` a LongTensor [B, T] where
   `targets[b, t]` is the id the model must output *at* position t, or `IGNORE_INDEX` (-100,
   PyTorch's default `ignore_index`) where position t is not scored.

@@ -1,5 +1,5 @@
 """Flip-flop language modelling (FFLM, Liu et al. 2023), the paper's section "Synthetic
-Tasks" and `TASKS.md`.
+Tasks"; where the paper leaves a detail open, the choice is ours and stated here.
 
 A sequence is 256 (instruction, bit) pairs = 512 tokens over the vocabulary `w r i 0 1`.
 The first instruction is `w`, the last `r`, the others i.i.d. with p(w) = p(r) = (1-p_i)/2,

@@ -1,5 +1,5 @@
 """Multi-query repeated associative recall with N-back (MQRAR-N), the paper's section
-"Synthetic Tasks" and `TASKS.md`.
+"Synthetic Tasks"; where the paper leaves a detail open, the choice is ours and stated here.
 
 A sequence of length L is L/2 (key, value) pairs. Keys are uniform over `num_keys`
 variables, values uniform over a separate vocabulary of `num_values` values (default 64,

@@ -1,5 +1,5 @@
 """Word problems on the groups A5 and S5 (Merrill et al. 2024, "The Illusion of State"),
-the paper's section "Synthetic Tasks" and `TASKS.md`.
+the paper's section "Synthetic Tasks"; our choices where it leaves details open are stated here.
 
 Group elements are permutations of the points 1..5, written in one-line notation: the
 string "23145" is the map 1->2, 2->3, 3->1, 4->4, 5->5, i.e. the cycle (1 2 3). The

@@ -1,5 +1,5 @@
 """`TrainConfig`: the one dataclass that describes a training run on a synthetic task of
-`pathattn.tasks` (STYLE point 4), with named presets, and the task / model / data stream it
+`pathattn.tasks`, with named presets, and the task / model / data stream it
 builds.
 
 Data streams (`TaskStream`) draw the same batches as iterating the task object itself

@@ -1,4 +1,5 @@
-"""Evaluation on the synthetic tasks' validation streams (`TASKS.md` metrics).
+"""Evaluation on the synthetic tasks' validation streams (the tasks' metrics:
+flip-flop error rates at the read positions, accuracies elsewhere).
 
 Flip-flop (per split `val`, `val_sparse`, `val_dense`):
     error_rate      fraction of `r` positions whose argmax next-token prediction is not the

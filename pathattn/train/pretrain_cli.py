@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import warnings
 
 # (flag, PretrainConfig field, type, help); default None = the config's default
 LOOP_OPTIONS = [
@@ -105,8 +104,8 @@ def _new_config(args: argparse.Namespace, given: dict):
 def pretrain_config(args: argparse.Namespace):
     """The PretrainConfig of parsed arguments (the checkpoint's with --resume; options that
     do not change results, e.g. --keep-checkpoints, may differ from it)."""
-    from .checkpoint import CheckpointWarning, load_checkpoint
     from .pretrain import PretrainConfig
+    from .run_dir import config_for_resume
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in LOOP_OPTIONS
              if getattr(args, dest) is not None}
@@ -115,18 +114,7 @@ def pretrain_config(args: argparse.Namespace):
     common = dict(out_dir=args.out, progress=not args.no_progress)
     if not args.resume:
         return _new_config(args, {**given, **common})
-    try:
-        with warnings.catch_warnings():  # the Trainer warns when it loads the checkpoint
-            warnings.simplefilter("ignore", CheckpointWarning)
-            stored = load_checkpoint(args.out)["config"]
-    except FileNotFoundError:
-        raise ValueError(f"--resume: no checkpoint in {args.out} (start over with "
-                         "--overwrite)") from None
-    own = {k: v for k, v in given.items() if k in PretrainConfig.NOT_IDENTITY}
-    diff = sorted(k for k, v in given.items() if k not in own and stored.get(k) != v)
-    if diff:
-        raise ValueError(f"--resume: options {diff} differ from the checkpoint's config")
-    return PretrainConfig.from_dict({**stored, **own, **common})
+    return config_for_resume(PretrainConfig, args.out, given, common)
 
 
 def run_pretrain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -271,3 +272,24 @@ def truncate_jsonl(path: str | os.PathLike, last_step: int) -> None:
         return
     keep = [line for line, record in _jsonl_lines(path) if record["step"] <= last_step]
     atomic_write_bytes(path, "".join(line + "\n" for line in keep).encode())
+
+
+def config_for_resume(config_cls, out_dir: str, given: dict, common: dict):
+    """The config of a `--resume`: the one stored in out_dir's checkpoint, with the options
+    given on the command line that do not change results (`config_cls.NOT_IDENTITY`) and
+    `common`; ValueError when there is no checkpoint or another given option differs from
+    the stored one."""
+    from .checkpoint import CheckpointWarning, load_checkpoint
+
+    try:
+        with warnings.catch_warnings():  # the Trainer warns when it loads the checkpoint
+            warnings.simplefilter("ignore", CheckpointWarning)
+            stored = load_checkpoint(out_dir)["config"]
+    except FileNotFoundError:
+        raise ValueError(f"--resume: no checkpoint in {out_dir} (start over with "
+                         "--overwrite)") from None
+    own = {k: v for k, v in given.items() if k in config_cls.NOT_IDENTITY}
+    diff = sorted(k for k, v in given.items() if k not in own and stored.get(k) != v)
+    if diff:
+        raise ValueError(f"--resume: options {diff} differ from the checkpoint's config")
+    return config_cls.from_dict({**stored, **own, **common})

@@ -1,5 +1,5 @@
 """Fewest layers that solve a task (the figure of merit of the paper's word-problem
-experiment, ../TASKS.md): for each attention type, train the same `TrainConfig` with 1, 2,
+experiment): for each attention type, train the same `TrainConfig` with 1, 2,
 ... layers and stop at the first depth whose final score reaches the threshold.
 
 Score (`solve_score`): sequence accuracy on "val" for the word problems (a5, s5), token
