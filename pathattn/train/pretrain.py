@@ -25,7 +25,6 @@ At the end `export_hf` writes `out_dir/hf/`: `save_pretrained` of the model as a
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import shutil
@@ -203,8 +202,3 @@ def export_hf(model: PaTHLM, cfg: PretrainConfig, out: str | os.PathLike | None 
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
-
-
-def pretrain_config_fields() -> list[str]:
-    """Names of PretrainConfig's fields (the CLI maps its flags onto them)."""
-    return [f.name for f in dataclasses.fields(PretrainConfig)]
