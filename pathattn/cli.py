@@ -35,62 +35,79 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from .tasks import (
-    MQRAR,
-    SPLITS,
-    TASKS,
-    FlipFlop,
-    FlipFlopConfig,
-    MQRARConfig,
-    WordProblem,
-    WordProblemConfig,
-    write_jsonl,
-)
+from .tasks import get_task, options_by_name, task_names, write_jsonl
 
-# options that only some tasks take (dest -> tasks); None means "not given"
-TASK_OPTIONS = {
-    "split": ("flipflop",),
-    "alphabet": ("a5", "s5"),
-    "length": ("a5", "s5", "mqrar"),
-    "n_back": ("mqrar",),
-    "keys": ("mqrar",),
-    "values": ("mqrar",),
-}
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _option_help(owners) -> str:
+    """e.g. "a5, s5 (default 32), mqrar (default 768): tokens per sequence": the tasks that
+    take the option with their defaults (tasks of one default grouped), then what it is
+    (as the first of them declares it)."""
+    groups: list[tuple[list[str], object]] = []
+    for spec, option in owners:
+        if groups and groups[-1][1] == option.default:
+            groups[-1][0].append(spec.name)
+        else:
+            groups.append(([spec.name], option.default))
+    where = ", ".join(f"{', '.join(tasks)} (default {default})" for tasks, default in groups)
+    return f"{where}: {owners[0][1].help}"
+
+
+def _add_task_options(p: argparse.ArgumentParser) -> None:
+    """One flag per option of the registered tasks (`pathattn.tasks.TaskSpec.options`),
+    dest = the option's name, default None = "not given"."""
+    for name, owners in options_by_name().items():
+        option = owners[0][1]
+        p.add_argument(_flag(name), dest=name, type=option.type, choices=option.choices,
+                       default=None, help=_option_help(owners))
+
+
+def _given_options(args: argparse.Namespace) -> dict:
+    """The task options given on the command line, name -> value."""
+    return {name: getattr(args, name) for name in options_by_name()
+            if getattr(args, name) is not None}
+
+
+def _check_options_apply(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """parser.error for a task option given with a task that does not take it."""
+    for name, owners in options_by_name().items():
+        tasks = [spec.name for spec, _ in owners]
+        if getattr(args, name) is not None and args.task not in tasks:
+            parser.error(f"{_flag(name)} applies to {', '.join(tasks)} only")
+
+
+def _split_tasks() -> list:
+    """The specs of the tasks whose task object draws each of its splits (`--split`)."""
+    return [spec for spec in map(get_task, task_names()) if spec.data_splits]
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="export synthetic-task sequences as JSONL",
                        description=__doc__)
-    p.add_argument("task", choices=TASKS)
+    p.add_argument("task", choices=task_names())
     p.add_argument("--n", type=int, required=True, help="number of sequences")
     p.add_argument("--out", required=True, help="output .jsonl path")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--split", choices=sorted(SPLITS), help="flipflop (default: train)")
-    p.add_argument("--alphabet", choices=("elements", "generators"),
-                   help="a5, s5 (default: elements)")
-    p.add_argument("--length", type=int,
-                   help="tokens per sequence: a5, s5 (default 32), mqrar (default 768)")
-    p.add_argument("--n-back", type=int, help="mqrar N (default 2)")
-    p.add_argument("--keys", type=int, help="mqrar number of keys (default 32)")
-    p.add_argument("--values", type=int, help="mqrar value vocabulary size (default 64)")
+    specs = _split_tasks()
+    p.add_argument("--split", choices=sorted({s for spec in specs for s in spec.splits}),
+                   help=f"{', '.join(spec.name for spec in specs)} (default: train)")
+    _add_task_options(p)
     p.set_defaults(run=_run_data)
 
 
 def _build_task(args: argparse.Namespace):
     """The task object for parsed `data` arguments; options left None take the defaults."""
-    given = {k: v for k, v in vars(args).items() if k in TASK_OPTIONS and v is not None}
-    if args.task == "flipflop":
-        return FlipFlop(FlipFlopConfig(seed=args.seed, **given))
-    if args.task in ("a5", "s5"):
-        return WordProblem(WordProblemConfig(group=args.task, seed=args.seed, **given))
-    renamed = {"keys": "num_keys", "values": "num_values"}
-    return MQRAR(MQRARConfig(seed=args.seed, **{renamed.get(k, k): v for k, v in given.items()}))
+    return get_task(args.task).build(args.split or "train", _given_options(args),
+                                     seed=args.seed)
 
 
 def _run_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    for dest, tasks in TASK_OPTIONS.items():
-        if getattr(args, dest) is not None and args.task not in tasks:
-            parser.error(f"--{dest.replace('_', '-')} applies to {', '.join(tasks)} only")
+    _check_options_apply(args, parser)
+    if args.split is not None and not get_task(args.task).data_splits:
+        parser.error(f"--split applies to {', '.join(s.name for s in _split_tasks())} only")
     if args.n < 0:
         parser.error("--n must be >= 0")
     try:
@@ -102,9 +119,9 @@ def _run_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-# train options: (flag, dest == TrainConfig field, type, help); default None = "not given"
+# train options besides the task's (`_add_task_flag`, `_add_task_options`): (flag, dest ==
+# TrainConfig field, type, help); default None = "not given"
 TRAIN_OPTIONS = [
-    ("--task", "task", str, "flipflop, a5, s5 or mqrar (default flipflop)"),
     ("--attn", "attn", str, "path, path_fox, rope or fox (default path)"),
     ("--layers", "layers", int, "number of blocks (default 1)"),
     ("--heads", "heads", int, "attention heads (default 2)"),
@@ -126,21 +143,32 @@ TRAIN_OPTIONS = [
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (500)"),
     ("--keep-checkpoints", "keep_checkpoints", int,
      "checkpoints kept on disk, the latest and older ones to fall back on (default 2)"),
-    ("--num-pairs", "num_pairs", int, "flipflop (instruction, bit) pairs (default 256)"),
-    ("--length", "length", int, "a5, s5 (default 32), mqrar (default 768) tokens"),
-    ("--alphabet", "alphabet", str, "a5, s5: elements or generators"),
-    ("--n-back", "n_back", int, "mqrar N (default 2)"),
-    ("--keys", "keys", int, "mqrar number of keys (default 32)"),
-    ("--values", "values", int, "mqrar value vocabulary size (default 64)"),
 ]
+
+
+def _add_task_flag(p: argparse.ArgumentParser) -> None:
+    """--task of train, compare and layers (their task options: `_add_task_options`)."""
+    names = task_names()
+    p.add_argument("--task", dest="task", default=None,
+                   help=f"{', '.join(names[:-1])} or {names[-1]} (default flipflop)")
+
+
+def _given_task_fields(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields of the task flags given (task, task options)."""
+    from .train.config import option_fields
+
+    given = option_fields(_given_options(args))
+    return given if args.task is None else {"task": args.task, **given}
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model on a synthetic task",
                        description="Train a PaTHLM on a synthetic task (pathattn.train). "
                        "Writes DIR/log.jsonl, eval.jsonl, metrics.json, checkpoints/.")
+    _add_task_flag(p)
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    _add_task_options(p)
     add_model_arg_flag(p)
     p.add_argument("--out", required=True, help="run directory (out_dir)")
     _add_run_dir_flags(p, "continue from the checkpoint in --out with its stored config",
@@ -191,6 +219,7 @@ def _train_config(args: argparse.Namespace):
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
              if getattr(args, dest) is not None}
+    given.update(_given_task_fields(args))
     if args.model_arg:
         given["model"] = model_args(args.model_arg)
     common = dict(out_dir=args.out, progress=not args.no_progress)
@@ -222,9 +251,11 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="train several attention types on one task",
                        description="Train one model per attention type with the same "
                        "options; write DIR/results.md, results.json and error_vs_step.png.")
+    _add_task_flag(p)
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         if dest != "attn":
             p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    _add_task_options(p)
     p.add_argument("--attns", nargs="+", default=["path", "rope"],
                    help="attention types to compare (default: path rope)")
     p.add_argument("--out", required=True, help="output directory")
@@ -239,6 +270,7 @@ def _run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
              if dest != "attn" and getattr(args, dest) is not None}
+    given.update(_given_task_fields(args))
     try:
         base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
                            progress=not args.no_progress)
@@ -257,9 +289,11 @@ def _add_layers(sub: argparse._SubParsersAction) -> None:
                        "with the same options and stop at the first whose score reaches "
                        "--threshold (word problems: val sequence accuracy). Writes "
                        "DIR/layers.md and layers.json; finished runs in DIR are reused.")
+    _add_task_flag(p)
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         if dest not in ("attn", "layers"):
             p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    _add_task_options(p)
     p.add_argument("--attns", nargs="+", default=["path", "rope"],
                    help="attention types (default: path rope)")
     p.add_argument("--depths", nargs="+", type=int, default=[1, 2, 3, 4],
@@ -277,6 +311,7 @@ def _run_layers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
              if dest not in ("attn", "layers") and getattr(args, dest) is not None}
+    given.update(_given_task_fields(args))
     try:
         base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
                            progress=not args.no_progress)

@@ -10,7 +10,8 @@ replicas times N context-parallel ranks (rank = replica * N + shard):
   exactly those of a single-process run) and keeps its rows (`torch.tensor_split` of B
   over the replicas) and its sequence shard (`tensor_split` of T over the N ranks of its
   context-parallel group);
-* the model is wrapped in DistributedDataParallel over all W ranks, and run inside
+* the model is wrapped in DistributedDataParallel over all W ranks (`dp="ddp"`) or
+  sharded over them with FSDP2 (`dp="fsdp"`, `pathattn.distributed.fsdp`), and run inside
   `context_parallel(model, group)` when N > 1;
 * the objective each rank back-propagates is (sum of its token losses) * W / n, with n the
   number of scored targets of the *global* batch (known to every rank): DDP averages the
@@ -19,7 +20,12 @@ replicas times N context-parallel ranks (rank = replica * N + shard):
   tokens differently when ranks score different numbers of targets). The logged loss is
   the all-reduced sum / n.
 
-Only rank 0 (`is_main`) writes logs, metrics and checkpoints; see `pathattn.train.Trainer`.
+Data that each rank reads itself (pretraining: `pathattn.data.TokenLoader`) is split over
+the W / N replicas by `replica_layout`; the N ranks of a replica read the same rows and keep
+their sequence shard (`shard_loss`).
+
+Only rank 0 (`is_main`) writes logs and metrics, and checkpoints unless the model is sharded
+(then every rank writes its shards); see `pathattn.train.Trainer`.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..models import IGNORE_INDEX
 from .model_parallel import context_parallel
 
-__all__ = ["DistributedTraining", "torchrun_world_size"]
+__all__ = ["DistributedTraining", "torchrun_world_size", "replica_layout", "DP_MODES"]
 
 
 def torchrun_world_size() -> int:
@@ -46,6 +52,28 @@ def torchrun_world_size() -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"WORLD_SIZE: expected an int, got {value!r}") from None
+
+
+def replica_layout(context_parallel: int = 1) -> tuple[int, int, int, int]:
+    """(replica index, replicas, shard index, shards) of this process in the grid of the
+    module docstring: rank = replica * context_parallel + shard. Outside torchrun (0, 1,
+    0, 1). Data that each rank reads itself (`pathattn.data.TokenLoader`) is split over the
+    replicas; the ranks of a replica read the same rows and split their tokens."""
+    cp = context_parallel
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+        raise ValueError(f"context_parallel must be a positive int, got {cp!r}")
+    if dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+    else:
+        world = torchrun_world_size()
+        rank = int(os.environ.get("RANK", "0")) if world > 1 else 0
+    if world == 1 and cp > 1:
+        raise ValueError(f"context_parallel={cp} needs as many processes (launch with "
+                         "torchrun --nproc_per_node ...)")
+    if world % cp:
+        raise ValueError(f"context_parallel must divide the world size {world}, got {cp}")
+    dp_rank, cp_rank = divmod(rank, cp)
+    return dp_rank, world // cp, cp_rank, cp
 
 
 def _init_from_env(device: torch.device) -> None:
@@ -58,45 +86,73 @@ def _init_from_env(device: torch.device) -> None:
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
 
 
-class DistributedTraining:
-    """Data parallelism (DDP) and optional context parallelism for one model; see the
-    module docstring. Build with `from_env`."""
+DP_MODES = ("ddp", "fsdp")
 
-    def __init__(self, model: torch.nn.Module, context_parallel: int = 1):
+
+class DistributedTraining:
+    """Data parallelism (DDP or FSDP2) and optional context parallelism for one model; see
+    the module docstring. Build with `from_env`.
+
+    Args:
+        model: the model (unchanged; FSDP shards its parameters in place).
+        context_parallel: ranks sharing each sequence (a divisor of the world size).
+        dp: "ddp" (`DistributedDataParallel`: every rank holds the whole model) or "fsdp"
+            (`torch.distributed.fsdp.fully_shard` of each block of `model.layers`, then of
+            the root: parameters, gradients and optimizer state sharded over all ranks,
+            gathered per block for its forward and backward).
+        dtype: "bfloat16" gives FSDP a mixed-precision policy (bf16 parameters in compute,
+            float32 gradient reduction, float32 master weights); ignored by DDP, which
+            runs under the loop's autocast.
+    """
+
+    def __init__(self, model: torch.nn.Module, context_parallel: int = 1, dp: str = "ddp",
+                 dtype: str = "float32"):
         if not dist.is_initialized():
             raise ValueError("group: torch.distributed is not initialised")
+        if dp not in DP_MODES:
+            raise ValueError(f"dp must be one of {DP_MODES}, got {dp!r}")
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
-        cp = context_parallel
-        if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1 \
-                or self.world_size % cp:
-            raise ValueError(f"context_parallel must be a positive int dividing the world "
-                             f"size {self.world_size}, got {cp!r}")
-        self.cp = cp
-        self.dp = self.world_size // cp
-        self.dp_rank, self.cp_rank = divmod(self.rank, cp)
+        self.dp_rank, self.dp, self.cp_rank, self.cp = replica_layout(context_parallel)
         self.cp_group = None
-        if cp > 1:  # every rank creates every group, in the same order
+        if self.cp > 1:  # every rank creates every group, in the same order
             for d in range(self.dp):
-                group = dist.new_group(list(range(d * cp, (d + 1) * cp)))
+                group = dist.new_group(list(range(d * self.cp, (d + 1) * self.cp)))
                 if d == self.dp_rank:
                     self.cp_group = group
+        self.mode = dp
         self.module = model
-        self.ddp = DistributedDataParallel(model) if self.world_size > 1 else model
+        if dp == "fsdp":
+            from .fsdp import shard_model
+
+            self.ddp = shard_model(model, dtype)
+        else:
+            self.ddp = DistributedDataParallel(model) if self.world_size > 1 else model
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters are sharded (FSDP): every rank must take part in each forward,
+        and checkpoints are written by every rank (`pathattn.train.sharded_checkpoint`)."""
+        return self.mode == "fsdp"
 
     @classmethod
     def from_env(cls, model: torch.nn.Module, context_parallel: int = 1,
-                 device: torch.device | str = "cpu") -> DistributedTraining | None:
-        """None in a single process (WORLD_SIZE unset or 1, context_parallel 1); otherwise
-        initialises the process group from torchrun's variables (once) and wraps model."""
+                 device: torch.device | str = "cpu", dp: str = "ddp",
+                 dtype: str = "float32") -> DistributedTraining | None:
+        """None in a single process (WORLD_SIZE unset or 1, context_parallel 1, dp "ddp");
+        otherwise initialises the process group from torchrun's variables (once) and wraps
+        model."""
         world = torchrun_world_size()
-        if world <= 1 and context_parallel == 1:
+        if world <= 1 and context_parallel == 1 and dp == "ddp":
             return None
-        if world <= 1:
-            raise ValueError(f"context_parallel={context_parallel} needs as many processes "
-                             "(launch with torchrun --nproc_per_node ...)")
+        if world <= 1 and not dist.is_initialized():
+            if context_parallel != 1:
+                raise ValueError(f"context_parallel={context_parallel} needs as many "
+                                 "processes (launch with torchrun --nproc_per_node ...)")
+            raise ValueError(f"dp={dp!r} needs torch.distributed (launch with torchrun "
+                             "--nproc_per_node ...)")
         _init_from_env(torch.device(device))
-        return cls(model, context_parallel)
+        return cls(model, context_parallel, dp, dtype)
 
     @property
     def is_main(self) -> bool:
@@ -133,16 +189,29 @@ class DistributedTraining:
 
     def shard_loss(self, inputs: dict[str, torch.Tensor], global_scored: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A micro-batch already cut to this rank's rows (`PaTHLM.forward` arguments:
-        input_ids, labels, optionally cu_seqlens) and the number of scored targets of the
-        global step over all ranks -> (this micro-batch's share of the step's mean loss,
-        all-reduced and detached; the objective this rank back-propagates): the same
-        weighting as `loss` (module docstring), for data that each rank reads itself
-        (`pathattn.data.TokenLoader` with rank and world size). Data parallelism only."""
+        """A micro-batch already cut to this replica's rows (`PaTHLM.forward` arguments:
+        input_ids, labels [b, T], optionally cu_seqlens) and the number of scored targets of
+        the global micro-batch over all replicas -> (the micro-batch's mean loss over those
+        targets, all-reduced and detached; the objective this rank back-propagates): the
+        same weighting as `loss` (module docstring), for data that each replica reads itself
+        (`pathattn.data.TokenLoader` over `replica_layout`). Under context parallelism each
+        rank keeps its sequence shard of the rows (plain windows only: packed rows would
+        need the ring to know the documents)."""
+        labels, ids = inputs["labels"], inputs["input_ids"]
+        cu = inputs.get("cu_seqlens")
+        cp = contextlib.nullcontext()
         if self.cp > 1:
-            raise ValueError("context_parallel: pretraining on text runs data-parallel only")
-        labels = inputs["labels"]
-        logits, _ = self.ddp(inputs["input_ids"], cu_seqlens=inputs.get("cu_seqlens"))
+            if cu is not None:
+                raise ValueError("cu_seqlens: context parallelism takes plain windows "
+                                 "(--packing windows), not packed documents")
+            if ids.shape[1] < self.cp:
+                raise ValueError(f"seq_len: rows of {ids.shape[1]} tokens cannot be split "
+                                 f"over {self.cp} sequence shards")
+            ids = torch.tensor_split(ids, self.cp, dim=1)[self.cp_rank]  # [b, T / cp]
+            labels = torch.tensor_split(labels, self.cp, dim=1)[self.cp_rank]
+            cp = context_parallel(self.module, self.cp_group)
+        with cp:
+            logits, _ = self.ddp(ids, cu_seqlens=cu)  # [b, t, V]
         V = logits.shape[-1]
         total = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1).long(),
                                 ignore_index=IGNORE_INDEX, reduction="sum")

@@ -7,6 +7,11 @@ p(i) = p_i. The bit after `w` / `i` is uniform; the bit after `r` is the bit of 
 recent `w`. Training is next-token prediction on every token, so `targets[t] = tokens[t+1]`
 (unscored at the last position). The metric scores only the prediction *at* each `r`
 position (whose next token is the stored bit): see `read_mask` and `read_errors`.
+
+Registered as task "flipflop" (`SPEC`): option num_pairs; evaluation splits `val`,
+`val_sparse`, `val_dense` (`SPLITS`, each its own seeded stream, exported by
+`pathattn data --split`); per split the error rate at the reads and the fraction of
+sequences with an error.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from .export import IGNORE_INDEX, Vocab, make_generator
+from .metrics import TaskMetrics
+from .registry import TaskOption, TaskSpec
 
 VOCAB = Vocab(["w", "r", "i", "0", "1"])
 W, R, I, BIT0 = 0, 1, 2, 3
@@ -76,6 +83,11 @@ def read_mask(tokens: torch.Tensor) -> torch.Tensor:
     return tokens == R
 
 
+def scored_reads(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The predictions the evaluation scores: `read_mask(tokens)`, BoolTensor [B, T]."""
+    return read_mask(tokens)
+
+
 def read_indices(tokens: torch.Tensor) -> torch.Tensor:
     """LongTensor [K, 2] of (batch, position) of every scored read prediction."""
     return read_mask(tokens).nonzero()
@@ -93,13 +105,31 @@ class FlipFlop:
     """Endless, seeded stream of flip-flop batches (tokens, targets), each LongTensor
     [B, T]. Every `iter()` restarts the stream from (seed, split)."""
 
+    name = "flipflop"
     vocab = VOCAB
 
     def __init__(self, cfg: FlipFlopConfig | None = None, **kwargs):
         self.cfg = cfg if cfg is not None else FlipFlopConfig(**kwargs)
 
+    def batch(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch (tokens, targets) drawn from `generator`, LongTensor [B, T] each."""
+        tokens = sample_flipflop(self.cfg, generator)
+        return tokens, next_token_targets(tokens)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         g = make_generator(self.cfg.seed, SPLITS[self.cfg.split][1])
         while True:
-            tokens = sample_flipflop(self.cfg, g)
-            yield tokens, next_token_targets(tokens)
+            yield self.batch(g)
+
+
+SPEC = TaskSpec(
+    name="flipflop",
+    config=FlipFlopConfig,
+    task=FlipFlop,
+    options=(TaskOption("num_pairs", int, FlipFlopConfig.num_pairs,
+                        "(instruction, bit) pairs per sequence (T = 2 * num_pairs)"),),
+    splits={split: stream for split, (_, stream) in SPLITS.items()},
+    data_splits=True,
+    metrics=TaskMetrics(reported=("error_rate", "seq_error_rate"), headline="error_rate",
+                        solve="error_rate", scored=scored_reads),
+)

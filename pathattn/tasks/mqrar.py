@@ -9,6 +9,10 @@ at least N earlier assignments; otherwise, and at every value token, it is not s
 
 Vocabulary (our choice): keys "k0" .. "k{num_keys-1}" (ids 0..K-1), then values
 "v0" .. "v{num_values-1}" (ids K..K+V-1).
+
+Registered as task "mqrar" (`SPEC`): options length, n_back, keys (num_keys) and values
+(num_values); one evaluation split `val`, the training task on seed stream 1 instead of 0;
+per split token and sequence accuracy, and a depth counts as solving by its token accuracy.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from .export import IGNORE_INDEX, Vocab, make_generator
+from .metrics import TaskMetrics
+from .registry import TaskOption, TaskSpec
 
 
 @dataclass
@@ -62,6 +68,8 @@ class MQRAR:
     tokens interleave key and value ids, targets are scored only at key positions.
     Every `iter()` restarts the stream from the seed."""
 
+    name = "mqrar"
+
     def __init__(self, cfg: MQRARConfig | None = None, **kwargs):
         self.cfg = cfg if cfg is not None else MQRARConfig(**kwargs)
         K, V = self.cfg.num_keys, self.cfg.num_values
@@ -86,7 +94,30 @@ class MQRAR:
         targets = torch.stack([back, unscored], dim=2).reshape(B, 2 * P)  # [B, L]
         return tokens, targets
 
+    def batch(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch (tokens, targets) drawn from `generator`, LongTensor [B, L] each."""
+        return self.encode(*self.sample(generator))
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         g = make_generator(self.cfg.seed)
         while True:
-            yield self.encode(*self.sample(g))
+            yield self.batch(g)
+
+
+def _config(split: str, keys: int, values: int, **kwargs) -> MQRARConfig:
+    """The spec's config function: options keys / values are num_keys / num_values."""
+    return MQRARConfig(num_keys=keys, num_values=values, **kwargs)
+
+
+SPEC = TaskSpec(
+    name="mqrar",
+    config=_config,
+    task=MQRAR,
+    options=(
+        TaskOption("length", int, MQRARConfig.length, "tokens per sequence"),
+        TaskOption("n_back", int, MQRARConfig.n_back, "N of the N-back recall"),
+        TaskOption("keys", int, MQRARConfig.num_keys, "number of keys"),
+        TaskOption("values", int, MQRARConfig.num_values, "value vocabulary size"),
+    ),
+    metrics=TaskMetrics(solve="token_acc"),
+)

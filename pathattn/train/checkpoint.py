@@ -8,6 +8,11 @@ Layout of `out_dir/checkpoints/`:
     state_{step:08d}.pt            {"step", "optimizer", "torch_rng", "data", "config"}
     latest.json                    {"step", "model", "state"}: the current checkpoint
 
+A run sharded with FSDP writes `sharded_{step:08d}/` (a `torch.distributed.checkpoint`
+folder holding the weights and the optimizer state, each rank its shards) in place of the
+weights file, and a state file without "optimizer" (`pathattn.train.sharded_checkpoint`);
+everything below applies to both kinds.
+
 Every file is written atomically (temp file `.<name>.<random>.tmp` in the same directory,
 fsync, `os.replace`, fsync of the directory), with the ordinary permissions of a new file
 (0666 & ~umask, like the logs; `tempfile.mkstemp` would give 0600). `latest.json` is
@@ -37,6 +42,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -55,6 +61,8 @@ LATEST = "latest.json"
 KEEP = 2
 _MODEL_RE = re.compile(r"model_(\d{8})\.safetensors")
 _STATE_RE = re.compile(r"state_(\d{8})\.pt")
+_SHARDED_RE = re.compile(r"sharded_(\d{8})")
+_PARTIAL_RE = re.compile(r"\.sharded_(\d{8})\.partial")
 # `.<name>.<suffix>.tmp`: ours (8 hex digits) and tempfile.mkstemp's (8 of [a-z0-9_])
 _TEMP_RE = re.compile(r"\.(.+)\.[A-Za-z0-9_]{8}\.tmp")
 
@@ -83,6 +91,23 @@ def model_name(step: int) -> str:
 
 def state_name(step: int) -> str:
     return f"state_{step:08d}.pt"
+
+
+def sharded_name(step: int) -> str:
+    """The folder of a sharded (FSDP) checkpoint's weights and optimizer state."""
+    return f"sharded_{step:08d}"
+
+
+def partial_name(step: int) -> str:
+    """The folder a sharded checkpoint is written into before it is renamed into place."""
+    return f".{sharded_name(step)}.partial"
+
+
+def write_latest(ckdir: Path, step: int, sharded: bool = False) -> None:
+    """Point latest.json at the checkpoint of `step` (atomically)."""
+    latest = {"step": step, "model": sharded_name(step) if sharded else model_name(step),
+              "state": state_name(step)}
+    atomic_write_bytes(ckdir / LATEST, (json.dumps(latest) + "\n").encode())
 
 
 # --------------------------------------------------------------------- atomic writes
@@ -154,6 +179,11 @@ def remove_temp_files(folder: str | os.PathLike, names: Iterable[str] | None = N
         if ours:
             _unlink(folder / name)
             removed.append(name)
+    if names is None:  # folders of an interrupted sharded save
+        for name in _listdir(folder):
+            if _PARTIAL_RE.fullmatch(name):
+                remove_tree(folder / name)
+                removed.append(name)
     return removed
 
 
@@ -207,19 +237,26 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.nn.Modul
     buf = io.BytesIO()
     torch.save({**state, "step": step}, buf)
     atomic_write_bytes(ckdir / state_name(step), buf.getvalue())
-    latest = {"step": step, "model": model_name(step), "state": state_name(step)}
-    atomic_write_bytes(ckdir / LATEST, (json.dumps(latest) + "\n").encode())
-    older = sorted(s for s in _steps_on_disk(ckdir) if s < step)
-    _delete_steps(ckdir, older[:max(0, len(older) - (keep - 1))])
-    _delete_steps(ckdir, [s for s in _steps_on_disk(ckdir) if s > step])
+    write_latest(ckdir, step)
+    keep_last(ckdir, step, keep)
     return ckdir
 
 
+def keep_last(ckdir: Path, step: int, keep: int) -> None:
+    """Delete the checkpoints older than the `keep` newest up to `step`, and every later
+    one."""
+    older = sorted(s for s in _steps_on_disk(ckdir) if s < step)
+    _delete_steps(ckdir, older[:max(0, len(older) - (keep - 1))])
+    _delete_steps(ckdir, [s for s in _steps_on_disk(ckdir) if s > step])
+
+
 def _steps_on_disk(ckdir: Path) -> set[int]:
-    """Steps that have a weights or a state file (of the checkpoint name pattern)."""
+    """Steps that have a weights file or folder or a state file (of the checkpoint name
+    patterns)."""
     steps = set()
     for name in _listdir(ckdir):
-        m = _MODEL_RE.fullmatch(name) or _STATE_RE.fullmatch(name)
+        m = (_MODEL_RE.fullmatch(name) or _STATE_RE.fullmatch(name)
+             or _SHARDED_RE.fullmatch(name))
         if m:
             steps.add(int(m.group(1)))
     return steps
@@ -232,6 +269,15 @@ def _delete_steps(ckdir: Path, steps: Iterable[int]) -> None:
                 _unlink(ckdir / name)
             except FileNotFoundError:
                 pass
+        remove_tree(ckdir / sharded_name(step))
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a checkpoint folder (a symlink in its place is unlinked, never followed)."""
+    if path.is_symlink():
+        _unlink(path)
+    elif path.is_dir():
+        shutil.rmtree(path)
 
 
 def remove_checkpoints(out_dir: str | os.PathLike) -> None:
@@ -262,8 +308,8 @@ def discard_after(out_dir: str | os.PathLike, step: int) -> None:
     except CheckpointError:
         current = None
     if current != step:
-        latest = {"step": step, "model": model_name(step), "state": state_name(step)}
-        atomic_write_bytes(ckdir / LATEST, (json.dumps(latest) + "\n").encode())
+        write_latest(ckdir, step, sharded=(ckdir / sharded_name(step)).is_dir()
+                     and not (ckdir / model_name(step)).exists())
 
 
 # -------------------------------------------------------------------------- loading
@@ -287,10 +333,11 @@ def _read_latest(ckdir: Path) -> int | None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f'{path}: expected {{"step": <non-negative int>, "model": ..., '
                               f'"state": ...}}, got {text.strip()[:200]!r}')
-    expected = {"model": model_name(step), "state": state_name(step)}
-    for key, name in expected.items():
-        if latest.get(key) != name:
-            raise CheckpointError(f"{path}: {key!r} must be the file name {name!r} (inside "
+    expected = {"model": (model_name(step), sharded_name(step)), "state": (state_name(step),)}
+    for key, names in expected.items():
+        if latest.get(key) not in names:
+            wanted = " or ".join(map(repr, names))
+            raise CheckpointError(f"{path}: {key!r} must be the name {wanted} (inside "
                                   f"{ckdir}, for step {step}), got {latest.get(key)!r}")
     return step
 
@@ -330,7 +377,7 @@ def _read_model(path: Path, step: int) -> tuple[dict[str, torch.Tensor], dict[st
     return tensors, aliases
 
 
-def _read_state(path: Path, step: int) -> dict[str, Any]:
+def read_state(path: Path, step: int) -> dict[str, Any]:
     """The state dict of a state file; CheckpointError when it is missing, damaged or of
     another step."""
     data = _read_bytes(path)
@@ -345,7 +392,7 @@ def _read_state(path: Path, step: int) -> dict[str, Any]:
     return state
 
 
-def _candidates(ckdir: Path) -> tuple[list[int], list[str]]:
+def candidate_steps(ckdir: Path) -> tuple[list[int], list[str]]:
     """Steps to try, newest first: latest.json's, then older ones on disk (files of later
     steps are an unfinished save and are ignored); without a usable latest.json every step
     on disk. Also returns the problems met (latest.json's)."""
@@ -375,16 +422,20 @@ def load_checkpoint(out_dir: str | os.PathLike, model: torch.nn.Module | None = 
     Raises FileNotFoundError when out_dir has no checkpoint at all, CheckpointError (a
     ValueError) when none is intact, ValueError when the weights do not fit `model`."""
     ckdir = checkpoint_dir(out_dir)
-    steps, problems = _candidates(ckdir)
+    steps, problems = candidate_steps(ckdir)
     for problem in problems:
         warnings.warn(f"{problem}; looking for checkpoints in {ckdir}", CheckpointWarning,
                       stacklevel=2)
     if not steps and not problems:
         raise FileNotFoundError(f"no checkpoint in {ckdir} (missing {LATEST})")
     for step in steps:
+        if is_sharded(ckdir, step):
+            raise CheckpointError(f"the checkpoint of step {step} in {ckdir} is sharded "
+                                  f"({sharded_name(step)}/, written by an FSDP run): resume "
+                                  "it under torchrun with --dp fsdp")
         try:
             tensors, aliases = _read_model(ckdir / model_name(step), step)
-            state = _read_state(ckdir / state_name(step), step)
+            state = read_state(ckdir / state_name(step), step)
         except CheckpointError as e:
             problems.append(str(e))
             warnings.warn(f"skipping the checkpoint of step {step}: {e}", CheckpointWarning,
@@ -394,6 +445,11 @@ def load_checkpoint(out_dir: str | os.PathLike, model: torch.nn.Module | None = 
             _load_weights(model, tensors, aliases, ckdir / model_name(step))
         return state
     raise CheckpointError(f"no intact checkpoint in {ckdir}: " + "; ".join(problems))
+
+
+def is_sharded(ckdir: Path, step: int) -> bool:
+    """Whether the checkpoint of `step` is a sharded one (a folder, no weights file)."""
+    return (ckdir / sharded_name(step)).is_dir() and not (ckdir / model_name(step)).exists()
 
 
 def _load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor],

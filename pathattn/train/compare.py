@@ -12,8 +12,10 @@ a run, nothing trains unless resume (finished runs of the same config are reused
 others continued from their checkpoints) or overwrite (every run trained afresh) is given.
 The table, JSON and plot are derived from the runs and rewritten every time.
 
-Errors shown: for flip-flop the error rates at the `r` positions of each split ("val",
-"val_sparse", "val_dense"); for the other tasks 1 - sequence accuracy on "val".
+Errors shown: the headline metric each task declares (`pathattn.tasks.TaskMetrics`), as
+an error, on each evaluation split: for flip-flop the error rates at the `r` positions of
+each split ("val", "val_sparse", "val_dense"); for word problems and MQRAR 1 - sequence
+accuracy on "val".
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ..tasks import get_task
 from .checkpoint import atomic_write_bytes, remove_temp_files
 from .config import TrainConfig
 from .run_dir import check_sub_runs, lock_run_dir, read_jsonl
@@ -31,23 +34,19 @@ from .trainer import train_or_reuse
 __all__ = ["compare", "error_series", "markdown_table"]
 
 
-def error_series(metrics: dict) -> dict[str, float]:
-    """The errors of one flat metrics record (see the module docstring), name -> fraction."""
-    splits = [s for s in ("val", "val_sparse", "val_dense") if isinstance(metrics.get(s), float)]
-    if splits:
-        return {s: metrics[s] for s in splits}
-    if "val_seq_acc" in metrics:
-        return {"val (1 - seq acc)": 1.0 - metrics["val_seq_acc"]}
-    return {}
+def error_series(metrics: dict, task: str) -> dict[str, float]:
+    """The errors of one flat metrics record of `task` (module docstring), name ->
+    fraction."""
+    return get_task(task).errors(metrics)
 
 
 def markdown_table(final: dict[str, dict], task: str) -> str:
     """One row per attention type, errors in percent."""
-    names = list(dict.fromkeys(n for m in final.values() for n in error_series(m)))
+    names = list(dict.fromkeys(n for m in final.values() for n in error_series(m, task)))
     head = f"| attention ({task}) | step | " + " | ".join(f"{n} error" for n in names) + " |"
     rows = [head, "|" + " --- |" * (2 + len(names))]
     for attn, metrics in final.items():
-        errors = error_series(metrics)
+        errors = error_series(metrics, task)
         cells = [_cell(errors[n], metrics.get(f"{n}_scored")) if n in errors else "-"
                  for n in names]
         rows.append(f"| {attn} | {metrics.get('step', '-')} | " + " | ".join(cells) + " |")
@@ -76,7 +75,7 @@ def _plot(histories: dict[str, list[dict]], path: Path, task: str) -> None:
     for attn, records in histories.items():
         series: dict[str, list[tuple[int, float]]] = {}
         for rec in records:
-            for name, err in error_series(rec).items():
+            for name, err in error_series(rec, task).items():
                 series.setdefault(name, []).append((rec["step"], err))
         for name, points in series.items():
             steps, errs = zip(*points, strict=True)

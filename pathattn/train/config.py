@@ -2,57 +2,38 @@
 `pathattn.tasks`, with named presets, and the task / model / data stream it
 builds.
 
+Everything task-specific comes from the task's registered `TaskSpec`
+(`pathattn.tasks.get_task`): which options apply and their defaults, the task's own config,
+the evaluation splits and the seed stream of each, the model's vocabulary, and how a batch
+is drawn (word problems prepend a BOS token, `pathattn.tasks.word_problems`).
+
 Data streams (`TaskStream`) draw the same batches as iterating the task object itself
-(`iter(FlipFlop(cfg))` etc.), but keep their `torch.Generator` in reach so that a
-checkpoint can store its state and the number of batches drawn (exact resume).
-
-Word problems get a BOS token (our choice): `TaskStream` prepends one token, id
-len(vocab) (`model_vocab_size` counts it), whose target is -100 (not scored). Without it a
-model whose attention values carry no position (RoPE, PaTH, FoX: position enters only the
-logits) cannot tell the word "g" from "g g": identical tokens give identical attention
-outputs in every layer, so position 2 of such a word is always wrong. With the generators
-alphabet of A5 that caps sequence accuracy near 5/6 (measured: 83-84 % for PaTH and RoPE
-alike at k = 6, 2 and 3 layers). The BOS token receives a share of attention that shrinks
-with position, which breaks the tie.
-
-Validation streams (our choice): flip-flop uses its named splits `val`, `val_sparse`,
-`val_dense` (`pathattn.tasks.SPLITS`, each its own seeded stream); the other tasks have no
-splits, so their single `val` stream is the training task with seed stream 1 instead of 0
-(independent of the training stream, fixed for a given seed).
+(`iter(FlipFlop(cfg))` etc.; for word problems after the BOS column), but keep their
+`torch.Generator` in reach so that a checkpoint can store its state and the number of
+batches drawn (exact resume).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..models import ATTN_TYPES, IGNORE_INDEX, ModelConfig
-from ..tasks import (
-    MQRAR,
-    SPLITS,
-    TASKS,
-    FlipFlop,
-    FlipFlopConfig,
-    MQRARConfig,
-    WordProblem,
-    WordProblemConfig,
-    make_generator,
-)
-from ..tasks.flipflop import next_token_targets, sample_flipflop
+from ..models import ATTN_TYPES, ModelConfig
+from ..tasks import get_task, make_generator, options_by_name
 from .loop_config import DTYPES, LoopConfig
 
-__all__ = ["TrainConfig", "TRAIN_PRESETS", "TASKS", "DTYPES", "TaskStream", "build_task",
-           "task_config", "build_model_config", "eval_splits", "model_vocab_size",
-           "NOT_IDENTITY"]
+__all__ = ["TrainConfig", "TRAIN_PRESETS", "DTYPES", "TaskStream", "build_task",
+           "task_config", "task_option_values", "option_fields", "OPTION_FIELDS",
+           "build_model_config", "eval_splits", "model_vocab_size", "NOT_IDENTITY"]
 
 # TrainConfig fields that do not change a run's results (`TrainConfig.run_identity`)
 NOT_IDENTITY = LoopConfig.NOT_IDENTITY
-ALPHABETS = ("elements", "generators")
-FLIPFLOP_VAL_SPLITS = ("val", "val_sparse", "val_dense")
+# task options with a TrainConfig field of their own; the options of other tasks are kept
+# in `TrainConfig.task_options`
+OPTION_FIELDS = ("num_pairs", "length", "alphabet", "n_back", "keys", "values")
 
 # name -> field values that differ from the defaults; `TrainConfig.preset(name, **over)`.
 # sized to finish in minutes on a CPU; "fflm-cpu" (the defaults) reaches 0 errors for PaTH.
@@ -64,10 +45,6 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # MQRAR 2-back, the paper's width and heads but a short sequence
     "mqrar-cpu": dict(task="mqrar", layers=2, dim=256, heads=2, length=128, n_back=2),
 }
-
-
-def _is_int(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
 
 
 @dataclass
@@ -95,9 +72,11 @@ class TrainConfig(LoopConfig):
     Model: `model` holds any further ModelConfig field (num_key_value_heads, beta_max,
     w_rank, conv_size, qk_norm, rope_theta, ...; `pathattn train --model-arg beta_max=1.99`).
 
-    Task options: num_pairs (flip-flop; T = 2 * num_pairs), length (a5 / s5: default 32,
-    mqrar: default 768), alphabet (a5 / s5), n_back, keys, values (mqrar). None = the
-    task's default.
+    Task options: the options the task declares (`pathattn.tasks.TaskSpec.options`; which
+    task takes which, with its default: `pathattn train --help`). num_pairs, length,
+    alphabet, n_back, keys and values have fields of their own; the options of any other
+    registered task go in `task_options`, {name: value}. None or left out = the task's
+    default. An option of another task than `task` is an error.
     """
 
     POSITIVE_INTS = LoopConfig.POSITIVE_INTS + ("layers", "heads", "dim", "batch_size")
@@ -115,13 +94,14 @@ class TrainConfig(LoopConfig):
     n_back: int | None = None
     keys: int | None = None
     values: int | None = None
+    # options of tasks registered beyond these, e.g. {"symbols": 8}
+    task_options: dict[str, Any] = field(default_factory=dict)
     # any other ModelConfig field, e.g. {"beta_max": 1.99, "w_rank": 16, "qk_norm": True}
     model: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> TrainConfig:
         """Raise ValueError naming the first invalid field; return self when valid."""
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        get_task(self.task)  # ValueError naming the registered tasks
         if self.attn not in ATTN_TYPES:
             raise ValueError(f"attn must be one of {ATTN_TYPES}, got {self.attn!r}")
         super().validate()
@@ -151,21 +131,24 @@ class TrainConfig(LoopConfig):
             raise ValueError(f"model: {e}") from None
 
     def _validate_task_options(self) -> None:
-        applies = {"num_pairs": ("flipflop",), "length": ("a5", "s5", "mqrar"),
-                   "alphabet": ("a5", "s5"), "n_back": ("mqrar",), "keys": ("mqrar",),
-                   "values": ("mqrar",)}
-        for name, tasks in applies.items():
-            value = getattr(self, name)
+        if not isinstance(self.task_options, dict):
+            raise ValueError(f"task_options must be a dict of task options, got "
+                             f"{self.task_options!r}")
+        declared = options_by_name()  # option name -> the tasks that take it
+        misplaced = sorted(n for n in self.task_options if n in OPTION_FIELDS or n not in declared)
+        if misplaced:
+            raise ValueError(f"task_options: {misplaced} are not options of a registered "
+                             "task or have fields of their own")
+        values = task_option_values(self)
+        for name in dict.fromkeys([*OPTION_FIELDS, *declared]):
+            value = values.get(name)
             if value is None:
                 continue
+            tasks = [spec.name for spec, _ in declared.get(name, [])]
             if self.task not in tasks:
-                raise ValueError(f"{name} applies to task {', '.join(tasks)} only, got "
-                                 f"{name}={value!r} with task={self.task!r}")
-            if name == "alphabet":
-                if value not in ALPHABETS:
-                    raise ValueError(f"alphabet must be one of {ALPHABETS}, got {value!r}")
-            elif not _is_int(value) or value < 1:
-                raise ValueError(f"{name} must be None or a positive int, got {value!r}")
+                raise ValueError(f"{name} applies to task {', '.join(tasks) or '(none)'} "
+                                 f"only, got {name}={value!r} with task={self.task!r}")
+            get_task(self.task).option(name).check(value)
         try:
             task_config(self)
         except ValueError as e:
@@ -183,42 +166,44 @@ class TrainConfig(LoopConfig):
 
 # ---------------------------------------------------------------------------- builders
 
+def task_option_values(cfg: TrainConfig) -> dict[str, Any]:
+    """Every task option set in cfg, name -> value (its field, or `task_options`); None
+    for the fields left unset."""
+    return {**{name: getattr(cfg, name) for name in OPTION_FIELDS}, **cfg.task_options}
+
+
+def option_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """Task option values, name -> value, as `TrainConfig` keyword arguments: the fields
+    of `OPTION_FIELDS` and `task_options` for the rest."""
+    fields = {k: v for k, v in options.items() if k in OPTION_FIELDS}
+    rest = {k: v for k, v in options.items() if k not in OPTION_FIELDS}
+    return {**fields, "task_options": rest} if rest else fields
+
+
 def task_config(cfg: TrainConfig, split: str = "train"):
-    """The task's own config dataclass (FlipFlopConfig, WordProblemConfig or MQRARConfig)
-    with cfg's batch_size, seed and task options; None options take the task's defaults.
-    `split` is a flip-flop split name; other tasks ignore it."""
-    if cfg.task == "flipflop":
-        extra = {} if cfg.num_pairs is None else {"num_pairs": cfg.num_pairs}
-        return FlipFlopConfig(split=split, batch_size=cfg.batch_size, seed=cfg.seed, **extra)
-    if cfg.task in ("a5", "s5"):
-        extra = {k: v for k, v in (("length", cfg.length), ("alphabet", cfg.alphabet))
-                 if v is not None}
-        return WordProblemConfig(group=cfg.task, batch_size=cfg.batch_size, seed=cfg.seed,
-                                 **extra)
-    extra = {k: v for k, v in (("length", cfg.length), ("n_back", cfg.n_back),
-                               ("num_keys", cfg.keys), ("num_values", cfg.values))
-             if v is not None}
-    return MQRARConfig(batch_size=cfg.batch_size, seed=cfg.seed, **extra)
+    """The task's own config dataclass (FlipFlopConfig, WordProblemConfig, MQRARConfig, ...)
+    for `split` with cfg's batch_size, seed and task options; None options take the task's
+    defaults."""
+    spec = get_task(cfg.task)
+    values = task_option_values(cfg)
+    options = {o.name: values.get(o.name) for o in spec.options}
+    return spec.make_config(split, options, batch_size=cfg.batch_size, seed=cfg.seed)
 
 
 def build_task(cfg: TrainConfig, split: str = "train"):
-    """The task object (FlipFlop, WordProblem or MQRAR) of `task_config(cfg, split)`."""
-    tcfg = task_config(cfg, split)
-    if isinstance(tcfg, FlipFlopConfig):
-        return FlipFlop(tcfg)
-    if isinstance(tcfg, WordProblemConfig):
-        return WordProblem(tcfg)
-    return MQRAR(tcfg)
+    """The task object (FlipFlop, WordProblem, MQRAR, ...) of `task_config(cfg, split)`."""
+    return get_task(cfg.task).task(task_config(cfg, split))
 
 
 def model_vocab_size(task) -> int:
-    """The model's vocabulary: the task's, plus the BOS token of word problems."""
-    return len(task.vocab) + isinstance(task, WordProblem)
+    """The model's vocabulary for a task object: the task's, plus a BOS token where the
+    task's streams have one (word problems)."""
+    return get_task(task.name).vocab_size(task)
 
 
 def eval_splits(cfg: TrainConfig) -> tuple[str, ...]:
-    """Names of the evaluation splits: flip-flop's three, otherwise ("val",)."""
-    return FLIPFLOP_VAL_SPLITS if cfg.task == "flipflop" else ("val",)
+    """Names of the task's evaluation splits (`TaskSpec.splits`), e.g. ("val",)."""
+    return get_task(cfg.task).eval_splits
 
 
 # ModelConfig fields a TrainConfig decides itself (`build_model_config`)
@@ -237,18 +222,19 @@ def build_model_config(cfg: TrainConfig, vocab_size: int, seq_len: int) -> Model
 
 class TaskStream:
     """Endless batches (tokens, targets), LongTensor [B, T] each, of one task and split,
-    identical to `iter(task)` for the training stream, except word problems: a BOS column
-    first (module docstring), T = length + 1. `state_dict()` holds the generator
-    state and the number of batches drawn; `load_state_dict` continues from there.
+    identical to `iter(task)` for the training stream, except where the task's streams
+    have a BOS column first (word problems: T = length + 1; `TaskSpec.sample`).
+    `state_dict()` holds the generator state and the number of batches drawn;
+    `load_state_dict` continues from there.
 
     Args:
-        task: a FlipFlop, WordProblem or MQRAR.
-        stream: generator stream (flip-flop: the split's, from SPLITS; others: 0 = train,
-            1 = val).
+        task: a task object of a registered task (FlipFlop, WordProblem, MQRAR, ...).
+        stream: generator seed stream (the split's, `TaskSpec.splits`: 0 = train).
     """
 
     def __init__(self, task, stream: int):
         self.task = task
+        self.spec = get_task(task.name)
         self.stream = stream
         self.generator = make_generator(task.cfg.seed, stream)
         self.batches = 0
@@ -256,27 +242,13 @@ class TaskStream:
     @classmethod
     def for_split(cls, cfg: TrainConfig, split: str) -> TaskStream:
         """The stream of `split` ("train" or one of `eval_splits(cfg)`)."""
-        task = build_task(cfg, split)
-        if cfg.task == "flipflop":
-            return cls(task, SPLITS[split][1])
-        return cls(task, 0 if split == "train" else 1)
+        return cls(build_task(cfg, split), get_task(cfg.task).stream(split))
 
     def __iter__(self):
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        task, g = self.task, self.generator
-        if isinstance(task, FlipFlop):
-            tokens = sample_flipflop(task.cfg, g)
-            batch = tokens, next_token_targets(tokens)
-        elif isinstance(task, WordProblem):
-            tokens = task.sample(g)  # [B, T]
-            targets = task.prefix_products(tokens)  # [B, T]
-            bos = tokens.new_full((tokens.shape[0], 1), len(task.vocab))  # [B, 1]
-            batch = (torch.cat([bos, tokens], dim=1),  # [B, T + 1]
-                     torch.cat([torch.full_like(bos, IGNORE_INDEX), targets], dim=1))
-        else:
-            batch = task.encode(*task.sample(g))
+        batch = self.spec.sample(self.task, self.generator)
         self.batches += 1
         return batch
 

@@ -1,16 +1,16 @@
-"""Evaluation on the synthetic tasks' validation streams (the tasks' metrics:
-flip-flop error rates at the read positions, accuracies elsewhere).
+"""Evaluation on the synthetic tasks' validation streams: the metrics each task declares
+(`pathattn.tasks.TaskSpec.metrics`, defined in `pathattn.tasks.metrics`).
 
 Flip-flop (per split `val`, `val_sparse`, `val_dense`):
     error_rate      fraction of `r` positions whose argmax next-token prediction is not the
                     stored bit (the token after the `r`), pooled over all batches
     seq_error_rate  fraction of sequences with at least one such error
-Other tasks (split `val`):
+Word problems and MQRAR (split `val`):
     token_acc       fraction of scored positions (target != -100) predicted right (argmax)
     seq_acc         fraction of sequences with every scored position right
 
-Both also report `scored` (number of scored positions) and `sequences`, so a reader can tell
-how well a rate is resolved.
+Every split also reports `scored` (number of scored positions) and `sequences`, so a reader
+can tell how well a rate is resolved.
 
 Every evaluation draws the same batches (fresh streams with fixed seeds): the first
 `cfg.eval_batches` of each split, or the first `batches` when given (the final evaluation
@@ -20,12 +20,13 @@ uses `cfg.final_eval_batches`, a superset).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
-from ..models import IGNORE_INDEX, PaTHLM
-from ..tasks import read_mask
-from .config import TaskStream, TrainConfig, eval_splits
+from ..models import PaTHLM
+from ..tasks import get_task
+from .config import TaskStream, TrainConfig
 
 __all__ = ["evaluate", "autocast_context"]
 
@@ -38,10 +39,11 @@ def autocast_context(dtype: str, device: torch.device):
 
 
 def _batch_counts(pred: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor,
-                  flipflop: bool) -> tuple[int, int, int, int]:
+                  scored_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                  ) -> tuple[int, int, int, int]:
     """(wrong, scored, sequences with an error, sequences) of one batch; pred, tokens,
-    targets LongTensor [B, T]."""
-    scored = read_mask(tokens) if flipflop else targets != IGNORE_INDEX  # [B, T]
+    targets LongTensor [B, T]; scored_fn(tokens, targets): the task's scored positions."""
+    scored = scored_fn(tokens, targets)  # [B, T]
     wrong = (pred != targets) & scored  # [B, T]
     return (int(wrong.sum()), int(scored.sum()), int(wrong.any(dim=1).sum()),
             tokens.shape[0])
@@ -50,7 +52,7 @@ def _batch_counts(pred: torch.Tensor, tokens: torch.Tensor, targets: torch.Tenso
 @torch.no_grad()
 def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu",
              batches: int | None = None) -> dict[str, dict[str, float]]:
-    """Metrics of `model` on every split of `eval_splits(cfg)` (module docstring), e.g.
+    """Metrics of `model` on every evaluation split of the task (module docstring), e.g.
     {"val": {"error_rate": ..., "seq_error_rate": ...}, "val_sparse": ..., "val_dense": ...}
     for flip-flop, {"val": {"token_acc": ..., "seq_acc": ...}} otherwise. Leaves the model
     in the train / eval mode it was in. `batches`: batches per split (default
@@ -59,12 +61,12 @@ def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu"
     if batches < 1:
         raise ValueError(f"batches must be a positive int, got {batches!r}")
     device = torch.device(device)
-    flipflop = cfg.task == "flipflop"
+    spec = get_task(cfg.task)
     was_training = model.training
     model.eval()
     out: dict[str, dict[str, float]] = {}
     try:
-        for split in eval_splits(cfg):
+        for split in spec.eval_splits:
             stream = TaskStream.for_split(cfg, split)
             wrong = scored = seq_wrong = seqs = 0
             for _ in range(batches):
@@ -72,16 +74,11 @@ def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu"
                 tokens, targets = tokens.to(device), targets.to(device)
                 with autocast_context(cfg.dtype, device):
                     logits, _ = model(tokens)  # [B, T, V]
-                counts = _batch_counts(logits.argmax(-1), tokens, targets, flipflop)
+                counts = _batch_counts(logits.argmax(-1), tokens, targets,
+                                       spec.metrics.scored)
                 wrong, scored = wrong + counts[0], scored + counts[1]
                 seq_wrong, seqs = seq_wrong + counts[2], seqs + counts[3]
-            err = wrong / scored if scored else float("nan")
-            seq_err = seq_wrong / seqs
-            if flipflop:
-                out[split] = {"error_rate": err, "seq_error_rate": seq_err}
-            else:
-                out[split] = {"token_acc": 1.0 - err, "seq_acc": 1.0 - seq_err}
-            out[split].update(scored=scored, sequences=seqs)
+            out[split] = spec.metrics.split_metrics(wrong, scored, seq_wrong, seqs)
     finally:
         model.train(was_training)
     return out

@@ -36,7 +36,6 @@ import torch
 
 from ..data import EvalLoader, TokenDataset, TokenLoader, load_tokenizer
 from ..data.loader import MODES
-from ..distributed.data_parallel import torchrun_world_size
 from ..models import PaTHLM
 from ..models.config import ModelConfig
 from .evaluate import autocast_context
@@ -157,20 +156,20 @@ def text_loss(model: torch.nn.Module, loader: EvalLoader, batches: int | None,
 
 
 @register_workload(PretrainConfig)
-def text_workload(cfg: PretrainConfig, device: torch.device) -> Workload:
-    """A `PaTHLM` of cfg.model on cfg.data's training split; validation loss on its val
-    split."""
+def text_workload(cfg: PretrainConfig, device: torch.device,
+                  replica: tuple[int, int] = (0, 1)) -> Workload:
+    """A `PaTHLM` of cfg.model on cfg.data's training split, this replica's rows of each
+    global batch (replica = (index, count)); validation loss on its val split."""
     train = TokenDataset(cfg.data, "train")
     if train.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model: vocab_size {cfg.model.vocab_size} is smaller than the "
                          f"data's tokenizer ({train.vocab_size} ids)")
     model = PaTHLM(cfg.model).to(device)
     model.gradient_checkpointing = cfg.grad_checkpointing
-    # under torchrun each rank reads its own rows of every global batch
-    world = torchrun_world_size()
-    rank = int(os.environ.get("RANK", "0")) if world > 1 else 0
+    # under torchrun each replica reads its own rows of every global batch
+    index, count = replica
     loader = TokenLoader(train, cfg.seq_len, cfg.batch_size, mode=cfg.packing, seed=cfg.seed,
-                         rank=rank, world_size=world)
+                         rank=index, world_size=count)
     val = EvalLoader(cfg.data, cfg.seq_len, cfg.batch_size, mode=cfg.packing)
 
     def evaluate(m, batches):

@@ -68,6 +68,12 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
                        help="replace the run in --out (its logs, metrics and checkpoints)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--no-export", action="store_true", help="skip the export to --out/hf")
+    p.add_argument("--dp", choices=("ddp", "fsdp"), default="ddp",
+                   help="under torchrun: replicate the model (ddp, default) or shard it "
+                        "with FSDP2 (fsdp; checkpoints by torch.distributed.checkpoint)")
+    p.add_argument("--context-parallel", type=int, default=1, metavar="N",
+                   help="under torchrun: ranks sharing each row (ring attention; PaTH "
+                        "attention types, --packing windows)")
 
 
 def _new_config(args: argparse.Namespace, given: dict):
@@ -119,18 +125,43 @@ def pretrain_config(args: argparse.Namespace):
 
 def run_pretrain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..data import DataError
-    from .pretrain import export_hf
     from .trainer import Trainer
 
     try:
         cfg = pretrain_config(args)
-        trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite)
+        if args.context_parallel > 1 and cfg.packing != "windows":
+            raise ValueError("--context-parallel: the ring splits plain windows; add "
+                             "--packing windows")
+        trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite, dp=args.dp,
+                          context_parallel=args.context_parallel)
     except (ValueError, DataError) as e:
         parser.error(str(e))
     with trainer:
         metrics = trainer.train()
-    if trainer.is_main:
-        print(json.dumps(metrics))
-        if not args.no_export and metrics.get("step") == cfg.steps:
-            print(f"wrote {export_hf(trainer.model, cfg)}")
+        finished = trainer.step == cfg.steps
+        if not args.no_export and finished:
+            path = _export(trainer, cfg)
+            if trainer.is_main:
+                print(f"wrote {path}")
+        if trainer.is_main:
+            print(json.dumps(metrics))
+        if trainer.parallel is not None:
+            trainer.parallel.close()
     return 0
+
+
+def _export(trainer, cfg):
+    """`export_hf` of the trained model on rank 0 (a sharded model is gathered first: a
+    collective every rank calls)."""
+    from ..distributed import full_state_dict
+    from ..models import PaTHLM
+    from .pretrain import export_hf
+
+    if not trainer.sharded:
+        return export_hf(trainer.model, cfg) if trainer.is_main else None
+    state = full_state_dict(trainer.model)
+    if not trainer.is_main:
+        return None
+    model = PaTHLM(cfg.model)
+    model.load_state_dict(state)
+    return export_hf(model, cfg)

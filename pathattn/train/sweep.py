@@ -2,9 +2,10 @@
 experiment): for each attention type, train the same `TrainConfig` with 1, 2,
 ... layers and stop at the first depth whose final score reaches the threshold.
 
-Score (`solve_score`): sequence accuracy on "val" for the word problems (a5, s5), token
-accuracy on "val" for mqrar, 1 - error on "val" for flip-flop. "Solved" = score >= threshold
-(0.9, following Merrill et al. 2024).
+Score (`solve_score`, declared by each task, `pathattn.tasks.TaskMetrics.solve`): sequence
+accuracy on "val" for the word problems (a5, s5), token accuracy on "val" for mqrar,
+1 - error on "val" for flip-flop. "Solved" = score >= threshold (0.9, following Merrill et
+al. 2024).
 
 Output directory: one run per (attention type, depth) in `DIR/<attn>-L<layers>/` (a finished
 run there with the same config is reused, so an interrupted sweep continues where it
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from ..tasks import get_task
 from .checkpoint import atomic_write_bytes, remove_temp_files
 from .config import TrainConfig
 from .run_dir import check_sub_runs, lock_run_dir
@@ -33,11 +35,7 @@ __all__ = ["fewest_layers", "solve_score", "layers_table"]
 
 def solve_score(metrics: dict, task: str) -> float:
     """The score that decides "solved" (module docstring) from a flat metrics record."""
-    if task in ("a5", "s5"):
-        return float(metrics["val_seq_acc"])
-    if task == "mqrar":
-        return float(metrics["val_token_acc"])
-    return 1.0 - float(metrics["val"])
+    return get_task(task).solve_score(metrics)
 
 
 def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int],
@@ -84,7 +82,7 @@ def layers_table(results: dict[str, dict], base: TrainConfig, threshold: float) 
     """Markdown: one row per attention type, the score at each depth tried, the fewest
     solving depth."""
     depths = sorted({n for r in results.values() for n in r["runs"]})
-    what = {"a5": "seq acc", "s5": "seq acc", "mqrar": "token acc"}.get(base.task, "1 - error")
+    what = get_task(base.task).metrics.solve_label
     head = (f"| attention ({base.task}) | " + " | ".join(f"{n} layer{'s' * (n > 1)}"
                                                          for n in depths)
             + f" | fewest layers with {what} >= {100 * threshold:g} % |")

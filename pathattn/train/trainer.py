@@ -48,6 +48,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,16 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from ..distributed.data_parallel import DistributedTraining
+from ..distributed.data_parallel import DistributedTraining, replica_layout
 from ..models import IGNORE_INDEX
+from ..tasks import flatten_metrics
 from .checkpoint import atomic_write_bytes, discard_after, load_checkpoint, save_checkpoint
 from .checkpoint import remove_temp_files as _remove_temp_files
 from .config import TrainConfig
 from .evaluate import autocast_context
 from .loop_config import LoopConfig
 from .run_dir import LOG_FILES, finished_metrics, prepare_run_dir, truncate_jsonl
+from .sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from .signals import StopRequests, TrainingInterrupted
 from .workload import build_workload
 
@@ -71,16 +74,6 @@ __all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "TrainingInterr
 
 # log.jsonl fields that depend on the wall clock
 TIMING_FIELDS = ("elapsed_s", "tokens_per_s")
-
-
-def flatten_metrics(nested: dict[str, dict[str, float]]) -> dict[str, float]:
-    """{split: {metric: value}} -> flat keys: a split's "error_rate" (flip-flop's headline
-    metric) is stored under the split's own name, every other metric as "<split>_<metric>"."""
-    flat = {}
-    for split, values in nested.items():
-        for metric, value in values.items():
-            flat[split if metric == "error_rate" else f"{split}_{metric}"] = value
-    return flat
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -113,25 +106,68 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 class Trainer:
-    """Training loop of `cfg` (module docstring).
+    """Training loop (module docstring) of `model` on `train_data`, evaluated by
+    `evaluator`, as `config` says.
 
     Args:
-        cfg: the run's config (TrainConfig, PretrainConfig, or any config class with a
-            registered workload); its type decides the workload.
-        resume: continue from cfg.out_dir's checkpoint (its config must match cfg in every
+        model: the module trained; its forward takes a micro-batch's keyword arguments and
+            returns (logits, loss) (`pathattn.models.PaTHLM`).
+        train_data: an iterator of training steps (each a list of micro-batch dicts, see
+            `pathattn.train.workload`) with `state_dict()`, `load_state_dict(state)` and
+            `batches` (steps drawn so far), for exact resume. Under torchrun, data each
+            rank reads itself is split over the replicas of `replica_layout`.
+        evaluator: `evaluator(model, batches) -> {split: {metric: value}}` on `batches`
+            batches per split (None: the config's eval_batches).
+        config: the loop's config (`LoopConfig`: TrainConfig, PretrainConfig, ...).
+        resume: continue from config.out_dir's checkpoint (its config must match in every
             field but `progress`, `out_dir` and `keep_checkpoints`; ValueError otherwise).
         device: where the model runs (default CPU).
         context_parallel: under torchrun, the number of ranks that share each sequence
             (`pathattn.distributed.DistributedTraining`; data parallelism over the rest).
-            Under torchrun only rank 0 writes logs, metrics and checkpoints (and locks).
+        dp: under torchrun, "ddp" (every rank holds the model) or "fsdp" (FSDP2: parameters,
+            gradients and optimizer state sharded over the ranks; checkpoints by
+            `torch.distributed.checkpoint`, `pathattn.train.sharded_checkpoint`). Only rank
+            0 writes logs and metrics (and locks the folder).
         overwrite: start afresh in a folder that holds a run, deleting that run's files
             (`run_dir.clear_run`); without it such a folder raises RunDirError.
+        name: the progress bar's label.
+
+    `Trainer(config, ...)` (a config alone) is short for `Trainer.from_config(config,
+    ...)`: the model, data and evaluation of the workload registered for the config's type
+    (`pathattn.train.workload`).
     """
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False,
-                 device: torch.device | str = "cpu", context_parallel: int = 1,
-                 overwrite: bool = False):
-        self.cfg = cfg.validate()
+    def __init__(self, model: nn.Module | LoopConfig, train_data: Any = None,
+                 evaluator: Callable | None = None, config: LoopConfig | None = None, *,
+                 resume: bool = False, device: torch.device | str = "cpu",
+                 context_parallel: int = 1, dp: str = "ddp", overwrite: bool = False,
+                 name: str | None = None):
+        if isinstance(model, LoopConfig):
+            if train_data is not None or evaluator is not None or config is not None:
+                raise ValueError("Trainer(config) builds the model, data and evaluator of "
+                                 "the config's workload; pass Trainer(model, train_data, "
+                                 "evaluator, config) to give them yourself")
+            cfg = model.validate()
+            torch.manual_seed(cfg.seed)
+            workload = build_workload(cfg, torch.device(device), replica_layout(
+                context_parallel)[:2])
+            model, train_data, evaluator = (workload.model, workload.train_data,
+                                            workload.evaluate)
+            name = workload.name if name is None else name
+            config = cfg
+        if not isinstance(config, LoopConfig):
+            raise ValueError(f"config must be a LoopConfig (TrainConfig, PretrainConfig, ...), "
+                             f"got {type(config).__name__}")
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
+        for attr in ("state_dict", "load_state_dict", "batches", "__next__"):
+            if not hasattr(train_data, attr):
+                raise ValueError(f"train_data must be an iterator of steps with "
+                                 f"state_dict(), load_state_dict() and batches; it has no "
+                                 f"{attr!r}")
+        if not callable(evaluator):
+            raise ValueError(f"evaluator must be callable(model, batches), got {evaluator!r}")
+        cfg = self.cfg = config.validate()
         if resume and overwrite:
             raise ValueError("resume and overwrite exclude each other (--resume continues the "
                              "run in the folder, --overwrite replaces it)")
@@ -139,14 +175,17 @@ class Trainer:
         self.out_dir = Path(cfg.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.lock = None
-        torch.manual_seed(cfg.seed)
-        self.workload = build_workload(cfg, self.device)
-        self.model, self.data = self.workload.model, self.workload.train_data
-        # torchrun: DDP (+ context parallelism) from outside the model; None otherwise
-        self.parallel = DistributedTraining.from_env(self.model, context_parallel, self.device)
+        self.model, self.data, self.evaluator = model, train_data, evaluator
+        self.name = name or type(cfg).__name__
+        # torchrun: DDP / FSDP (+ context parallelism) from outside the model; None otherwise
+        self.parallel = DistributedTraining.from_env(self.model, context_parallel, self.device,
+                                                     dp=dp, dtype=cfg.dtype)
         self.is_main = self.parallel is None or self.parallel.is_main
+        self.sharded = self.parallel is not None and self.parallel.sharded
         if self.is_main:  # before anything in the folder is read or written
             self.lock = prepare_run_dir(self.out_dir, resume=resume, overwrite=overwrite)
+        if self.sharded:  # every rank past the folder checks before anyone loads
+            self.parallel.barrier()
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay),
                                            lr=cfg.lr, betas=(0.9, 0.95))
         self.step = 0
@@ -163,15 +202,25 @@ class Trainer:
             self.close()
             raise
 
+    @classmethod
+    def from_config(cls, cfg: LoopConfig, **kwargs) -> Trainer:
+        """The Trainer of the workload registered for cfg's type (`pathattn.train.workload`:
+        TrainConfig -> a synthetic task, PretrainConfig -> text pretraining); kwargs as for
+        the constructor."""
+        return cls(cfg, **kwargs)
+
     # ------------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the weights (loads with weights_only=True)."""
-        return {"optimizer": self.optimizer.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "tokens": self.tokens,
-                "data": self.data.state_dict(),
-                "config": self.cfg.to_dict()}
+        """Everything but the weights (loads with weights_only=True); the optimizer state
+        only when the model is not sharded (sharded, it is saved with the weights)."""
+        state = {"torch_rng": torch.get_rng_state(),
+                 "tokens": self.tokens,
+                 "data": self.data.state_dict(),
+                 "config": self.cfg.to_dict()}
+        if not self.sharded:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
 
     def close(self) -> None:
         """Release the run folder's lock (module docstring); the Trainer must not write
@@ -186,13 +235,21 @@ class Trainer:
         self.close()
 
     def save(self) -> None:
+        """Checkpoint of the current step (collective when the model is sharded)."""
+        if self.sharded:
+            save_sharded_checkpoint(self.out_dir, self.step, self.model, self.optimizer,
+                                    self.state_dict(), keep=self.cfg.keep_checkpoints)
+            return
         if not self.is_main:
             return
         save_checkpoint(self.out_dir, self.step, self.model, self.state_dict(),
                         keep=self.cfg.keep_checkpoints)
 
     def _resume(self) -> None:
-        state = load_checkpoint(self.out_dir, self.model)
+        if self.sharded:
+            state = load_sharded_checkpoint(self.out_dir, self.model, self.optimizer)
+        else:
+            state = load_checkpoint(self.out_dir, self.model)
         saved = type(self.cfg).from_dict(state["config"]).run_identity()
         mine = self.cfg.run_identity()
         diff = sorted(k for k in mine if mine[k] != saved[k])
@@ -200,7 +257,8 @@ class Trainer:
             raise ValueError(f"resume: config differs from the checkpoint's in {diff} "
                              f"(checkpoint: {[saved[k] for k in diff]}, given: "
                              f"{[mine[k] for k in diff]})")
-        self.optimizer.load_state_dict(state["optimizer"])
+        if not self.sharded:
+            self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.data.load_state_dict(state["data"])
         self.step = int(state["step"])
@@ -251,16 +309,24 @@ class Trainer:
             loss_sum = self._sharded_backward(micro, sum(global_scored))
         else:
             loss_sum = self._backward(micro)
-        if cfg.grad_clip > 0:
-            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-        else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack(
-                [p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
+        grad_norm = self._clip_gradients(cfg.grad_clip)
         self.optimizer.step()
         self.step += 1
         self.tokens += sum(mb["input_ids"].numel() if n is None else n
                            for mb, n in zip(micro, global_tokens, strict=True))
         return {"loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
+
+    def _clip_gradients(self, max_norm: float) -> float:
+        """Global gradient norm (over every rank's shards when sharded), gradients scaled
+        to at most max_norm when max_norm > 0."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if max_norm > 0:
+            norm = nn.utils.clip_grad_norm_(params, max_norm)
+        else:
+            norm = nn.utils.get_total_norm([p.grad for p in params])
+        if hasattr(norm, "full_tensor"):  # a DTensor (FSDP): the norm over all shards
+            norm = norm.full_tensor()
+        return float(norm)
 
     def _backward(self, micro: list[dict]) -> float:
         """Gradients of the step's mean loss over scored targets (micro-batches weighted by
@@ -294,9 +360,15 @@ class Trainer:
         return loss_sum
 
     def evaluate(self, batches: int | None = None) -> dict[str, dict[str, float]]:
-        """Metrics on every validation split (`pathattn.train.evaluate`), on `batches`
-        batches per split (default cfg.eval_batches)."""
-        return self.workload.evaluate(self.model, batches)
+        """Metrics on every validation split (the evaluator's), on `batches` batches per
+        split (default cfg.eval_batches). Collective when the model is sharded (every rank
+        runs the same batches)."""
+        return self.evaluator(self.model, batches)
+
+    def _evaluates(self) -> bool:
+        """Whether this rank runs evaluations: rank 0, and every rank of a sharded model
+        (each forward gathers parameters from all of them)."""
+        return self.is_main or self.sharded
 
     def train(self, until: int | None = None) -> dict[str, Any]:
         """Train from the current step up to `until` (default cfg.steps) steps. Logs every
@@ -307,7 +379,7 @@ class Trainer:
         cfg = self.cfg
         until = cfg.steps if until is None else min(int(until), cfg.steps)
         self.model.train()
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {self.workload.name}",
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {self.name}",
                    disable=not (cfg.progress and sys.stderr.isatty()), dynamic_ncols=True)
         start, start_tokens = time.perf_counter(), self.tokens
         # torchrun: no graceful stop (every rank would have to agree on the step)
@@ -324,7 +396,7 @@ class Trainer:
                             "tokens_per_s": (self.tokens - start_tokens) / max(elapsed, 1e-9)})
                         bar.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{stats['lr']:.2e}")
                     if (self.step % cfg.eval_every == 0 and self.step < cfg.steps
-                            and self.is_main):
+                            and self._evaluates()):
                         self._append("eval.jsonl",
                                      {"step": self.step, **flatten_metrics(self.evaluate())})
                     saved = self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps
@@ -339,11 +411,13 @@ class Trainer:
             self.save()
             if stop.signum is not None:
                 self._stop(stop.signum, saved=True)
-            if not self.is_main:
+            if not self._evaluates():
                 return {"step": self.step}
             # a stop requested from here on is moot: the run completes
             metrics = {"step": self.step,
                        **flatten_metrics(self.evaluate(self.cfg.final_eval_batches))}
+            if not self.is_main:
+                return {"step": self.step}
             self._append("eval.jsonl", metrics)
             atomic_write_bytes(self.out_dir / "metrics.json",
                                (json.dumps(metrics, indent=2) + "\n").encode())

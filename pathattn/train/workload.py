@@ -44,24 +44,26 @@ class Workload:
     name: str
 
 
-_BUILDERS: dict[type, Callable[[Any, torch.device], Workload]] = {}
+_BUILDERS: dict[type, Callable[[Any, torch.device, tuple[int, int]], Workload]] = {}
 
 
 def register_workload(config_cls: type):
-    """Decorator: `builder(cfg, device) -> Workload` for configs of type config_cls."""
+    """Decorator: `builder(cfg, device, replica) -> Workload` for configs of type
+    config_cls; replica = (index, count) of this process's data-parallel replica under
+    torchrun ((0, 1) otherwise), for data that each replica reads itself."""
     def wrap(builder):
         _BUILDERS[config_cls] = builder
         return builder
     return wrap
 
 
-def build_workload(cfg, device: torch.device) -> Workload:
+def build_workload(cfg, device: torch.device, replica: tuple[int, int] = (0, 1)) -> Workload:
     """The registered workload of cfg's type (ValueError for an unknown type)."""
     builder = _BUILDERS.get(type(cfg))
     if builder is None:
         raise ValueError(f"cfg: no workload is registered for {type(cfg).__name__} "
                          f"(registered: {sorted(c.__name__ for c in _BUILDERS)})")
-    return builder(cfg, device)
+    return builder(cfg, device, replica)
 
 
 class TaskSteps:
@@ -89,9 +91,11 @@ class TaskSteps:
 
 
 @register_workload(TrainConfig)
-def task_workload(cfg: TrainConfig, device: torch.device) -> Workload:
+def task_workload(cfg: TrainConfig, device: torch.device,
+                  replica: tuple[int, int] = (0, 1)) -> Workload:
     """A synthetic task: a `PaTHLM` of `build_model_config` on the task's training stream,
-    evaluated on its validation splits (`pathattn.train.evaluate`)."""
+    evaluated on its validation splits (`pathattn.train.evaluate`). Every replica draws
+    the global batch (the data-parallel wrapper keeps its rows), so `replica` is unused."""
     from .evaluate import evaluate
 
     stream = TaskStream.for_split(cfg, "train")
