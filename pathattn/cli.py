@@ -349,6 +349,36 @@ def _add_text_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(run=run)
 
 
+# `pathattn eval <name>`: name -> module with HELP, add_arguments(p) and run(args, parser)
+EVAL_COMMANDS = {
+    "ppl": "pathattn.evaluation.ppl_cli",
+    "lm-eval": "pathattn.evaluation.lmeval_cli",
+    "longctx": "pathattn.evaluation.longctx.cli",
+}
+
+
+def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
+    """eval ppl / lm-eval / longctx: language-model evaluation (`pathattn.evaluation`)."""
+    import functools
+    import importlib
+
+    p = sub.add_parser("eval", help="evaluate language models (perplexity by position, "
+                       "lm-evaluation-harness, long-context retrieval)")
+    inner = p.add_subparsers(dest="eval_command", required=True)
+    for name, module_name in EVAL_COMMANDS.items():
+        module = importlib.import_module(module_name)
+        q = inner.add_parser(name, help=module.HELP, description=module.__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(q)
+        # errors name the subcommand ("pathattn eval ppl: error: ...")
+        q.set_defaults(run=functools.partial(_run_with_parser, module.run, q))
+
+
+def _run_with_parser(run, parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     _top: argparse.ArgumentParser) -> int:
+    return run(args, parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pathattn", description="PaTH attention tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -357,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_layers(sub)
     _add_text_commands(sub)
+    _add_eval_commands(sub)
     return parser
 
 

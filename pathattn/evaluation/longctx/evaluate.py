@@ -1,0 +1,87 @@
+"""Scoring a Hugging Face causal language model on long-context tasks, and the results
+table.
+
+`generate` continues a prompt greedily (`model.generate`, do_sample=False, with the
+model's cache) for `answer_budget` new tokens or until EOS, and returns the decoded
+continuation; `evaluate_task` does that for `n` examples per length and scores each output
+with `score` (the fraction of the expected answers found in it; `common`). A length's
+accuracy is the mean score of its examples, in [0, 1].
+
+`results_table` renders the rows as markdown, one row per length:
+
+    | length | examples | accuracy (%) | prompt tokens (mean) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from .common import Example, LongContextTask, answer_budget, score
+
+__all__ = ["generate", "score_example", "evaluate_task", "results_table"]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """The greedy continuation of `prompt` (at most `max_new_tokens` tokens, stopping at
+    EOS), decoded without special tokens."""
+    enc = tokenizer(prompt, return_tensors="pt", verbose=False)
+    device = next(model.parameters()).device
+    ids = enc["input_ids"].to(device)  # [1, T]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
+        tokenizer.eos_token_id
+    out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def score_example(model, tokenizer, example: Example, max_new_tokens: int | None = None
+                  ) -> dict:
+    """{"length", "index", "num_tokens", "answers", "output", "score"} of one example;
+    max_new_tokens defaults to `answer_budget`."""
+    budget = answer_budget(tokenizer, example) if max_new_tokens is None else max_new_tokens
+    output = generate(model, tokenizer, example.prompt, budget)
+    return dict(length=example.length, index=example.index, num_tokens=example.num_tokens,
+                answers=list(example.answers), output=output,
+                score=score(output, example.answers))
+
+
+def evaluate_task(model, tokenizer, task: LongContextTask, lengths: Sequence[int], n: int,
+                  seed: int = 0, max_new_tokens: int | None = None,
+                  progress: bool = True) -> dict:
+    """Score `n` examples of `task` at each length.
+
+    Returns {"task", "variant", "options", "seed", "n", "rows": [{"length", "examples",
+    "accuracy", "prompt_tokens"}], "examples": [score_example records]}, accuracy the mean
+    score in [0, 1] and prompt_tokens the mean prompt length in tokens.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    model.eval()
+    records, rows = [], []
+    bar = tqdm(total=n * len(lengths), desc=f"longctx {task.name}", disable=not progress)
+    with bar:
+        for length in lengths:
+            scored = []
+            for i in range(n):
+                example = task.example(tokenizer, length, i, seed)
+                scored.append(score_example(model, tokenizer, example, max_new_tokens))
+                bar.update(1)
+            rows.append(dict(length=length, examples=n,
+                             accuracy=sum(r["score"] for r in scored) / n,
+                             prompt_tokens=sum(r["num_tokens"] for r in scored) / n))
+            records += scored
+    return dict(task=task.name, variant=task.variant, options=task.options(), seed=seed, n=n,
+                rows=rows, examples=records)
+
+
+def results_table(results: dict) -> str:
+    """The markdown table of `evaluate_task`'s rows (module docstring)."""
+    lines = ["| length | examples | accuracy (%) | prompt tokens (mean) |",
+             "|---:|---:|---:|---:|"]
+    lines += [f"| {r['length']} | {r['examples']} | {100 * r['accuracy']:.1f} | "
+              f"{r['prompt_tokens']:.1f} |" for r in results["rows"]]
+    return "\n".join(lines) + "\n"

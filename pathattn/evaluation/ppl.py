@@ -1,0 +1,541 @@
+"""Perplexity by context length and loss by token position: how well a language model
+uses (and extrapolates to) long contexts, the length-extrapolation curve of the paper's
+language-modelling evaluation (section 4.2).
+
+Data: the held-out documents of a prepared folder (`pathattn prepare`, split "val" by
+default), concatenated in stored order. Each stored document already starts with BOS (when
+the tokenizer has one) and ends with EOS, so the stream is the documents joined by their
+separators, and a window may span several documents (code files are often shorter than
+the lengths of interest); the model sees the separators and the earlier documents, as a
+model trained on plain windows does.
+
+Windows: for a length L, window w is inputs stream[w L : w L + L] and targets
+stream[w L + 1 : w L + L + 1] (the next token), for w = 0 .. (N - 1) // L - 1: the windows
+tile the stream without overlap, every window is scored at all its L positions, and
+position p (1-based) is the prediction made from p tokens of context. Every window starts
+the model afresh (position 0, no cache).
+
+Metrics, per model:
+    loss[L], ppl[L]      mean next-token cross-entropy over every position of every
+                         window of length L, and exp of it
+    position_loss        mean loss at each position 1 .. Lmax over the windows of the
+                         longest length Lmax
+    loss_by_position     position_loss averaged in log-spaced bins (`loss_by_position`):
+                         `bins_per_octave` bins per doubling of the position
+
+Memory: the model body runs once per batch of windows; the LM head and the
+cross-entropy then run over chunks of `chunk_size` positions, so the [T, V] logits are
+never held at once (`Scorer`). With pathattn models (whose attention is blockwise, O(T)
+memory) the whole evaluation is linear in the length.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+__all__ = ["PplError", "Scorer", "ModelFolder", "evaluate_ppl", "evaluate_models",
+           "loss_by_position", "token_losses", "held_out_tokens", "check_lengths",
+           "check_enough_tokens", "num_windows", "check_model_folder", "load_model",
+           "train_length", "DEFAULT_LENGTHS", "DEFAULT_CHUNK_SIZE", "DTYPES"]
+
+DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
+DEFAULT_CHUNK_SIZE = 512  # tokens per LM-head chunk: 512 x V float32 logits at a time
+DTYPES = ("float32", "bfloat16")
+
+
+class PplError(ValueError):
+    """Bad input of the evaluation; `argument` names the parameter (or command-line
+    option without its dashes) at fault, and the message starts with it."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(f"{argument}: {message}")
+        self.argument, self.message = argument, message
+
+
+# ---------------------------------------------------------------------- checking
+
+def _is_int(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
+def check_lengths(lengths: Sequence[int]) -> list[int]:
+    """The distinct lengths, ascending; PplError("lengths") unless positive ints."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) or not lengths:
+        raise PplError("lengths", f"must be a non-empty list of positive ints, got {lengths!r}")
+    bad = [length for length in lengths if not _is_int(length) or length < 1]
+    if bad:
+        raise PplError("lengths", f"must be positive ints, got {bad}")
+    return sorted({int(length) for length in lengths})
+
+
+def num_windows(num_tokens: int, length: int) -> int:
+    """Windows of `length` inputs (+1 target) that tile a stream of num_tokens tokens."""
+    return max(0, (num_tokens - 1) // length)
+
+
+def check_enough_tokens(num_tokens: int, lengths: Sequence[int], where: str = "") -> None:
+    """PplError("lengths") when the longest length has no full window in the stream."""
+    longest = max(lengths)
+    if num_windows(num_tokens, longest) == 0:
+        raise PplError("lengths", f"{longest} needs {longest + 1} held-out tokens (a window "
+                       f"plus its next token), but {where or 'the stream'} has {num_tokens}; "
+                       f"the longest usable length is {max(num_tokens - 1, 0)}")
+
+
+def _open_split(data: str | os.PathLike, split: str, max_docs: int | None):
+    """(TokenDataset of the split, documents used); PplError as `held_out_tokens`."""
+    from ..data import DataError, TokenDataset
+    from ..data.prepare import SPLITS
+
+    if split not in SPLITS:
+        raise PplError("split", f"must be one of {SPLITS}, got {split!r}")
+    if max_docs is not None and (not _is_int(max_docs) or max_docs < 1):
+        raise PplError("max_docs", f"must be a positive int, got {max_docs!r}")
+    if not Path(data).is_dir():
+        raise PplError("data", f"{str(data)!r} is not a folder (make one with `pathattn "
+                       "prepare`)")
+    try:
+        dataset = TokenDataset(data, split)
+    except DataError as e:
+        raise PplError("data", str(e)) from None
+    if dataset.num_documents == 0:
+        raise PplError("split", f"the {split!r} split of {data} holds no document")
+    docs = dataset.num_documents if max_docs is None else min(max_docs, dataset.num_documents)
+    return dataset, docs
+
+
+def held_out_tokens(data: str | os.PathLike, split: str = "val",
+                    max_docs: int | None = None) -> np.ndarray:
+    """The token stream of a prepared folder's split (module docstring): the first
+    `max_docs` documents (all when None), a read-only view [N] of uint16 / uint32 ids.
+    PplError("data" / "split" / "max_docs") for a folder that is not a prepared one, an
+    unknown or empty split, or a max_docs that is not a positive int."""
+    dataset, docs = _open_split(data, split, max_docs)
+    return dataset.tokens[:dataset.offsets[docs]]
+
+
+# ------------------------------------------------------------------------ scoring
+
+def _hidden_states(body: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The base model's final hidden states [B, T, hidden] (after its final norm)."""
+    out = body(input_ids=input_ids, use_cache=False, return_dict=True)
+    return out.last_hidden_state
+
+
+def _full_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """The causal LM's own forward: logits [B, T, V]."""
+    return model(input_ids=input_ids, use_cache=False, return_dict=True).logits
+
+
+def _cross_entropy_chunks(features: torch.Tensor, targets: torch.Tensor, chunk: int,
+                          head: nn.Module | None) -> torch.Tensor:
+    """Per-token cross-entropy [N] float32 of features [N, hidden] through `head` (or
+    features = logits [N, V] when head is None) against targets [N], `chunk` rows at a
+    time; the logits are cast to float32 (float64 for a float64 model)."""
+    N = features.shape[0]
+    out = torch.empty(N, dtype=torch.promote_types(features.dtype, torch.float32),
+                      device=features.device)
+    for s in range(0, N, chunk):
+        logits = features[s:s + chunk] if head is None else head(features[s:s + chunk])
+        logits = logits.to(out.dtype)  # [C, V]
+        out[s:s + chunk] = F.cross_entropy(logits, targets[s:s + chunk], reduction="none")
+    return out
+
+
+@dataclass
+class Scorer:
+    """Next-token losses of a causal LM, with the LM head applied in chunks where it can
+    be split off.
+
+    Split: the base model (`model.base_model`, e.g. `PaTHForCausalLM.model` or
+    `LlamaForCausalLM.model`) gives the final hidden states, and
+    `model.get_output_embeddings()` (the LM head) maps `chunk_size` of them at a time to
+    logits, so the [T, V] logits never exist at once. Some models change the logits after
+    the head (soft-capping, scaling) or have no separate head, so `Scorer.of` decides once
+    per model, by comparing the split with the model's own forward on a short probe; where
+    they differ it falls back to the full forward (logits [B, T, V] at once) and chunks only
+    the cross-entropy.
+
+    Attributes: model, body (None = full forward), head, chunk_size (tokens per chunk;
+    None = one chunk, the unchunked computation).
+    """
+
+    model: nn.Module
+    body: nn.Module | None
+    head: nn.Module | None
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE
+
+    @classmethod
+    def of(cls, model: nn.Module, chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+           probe_ids: torch.Tensor | None = None) -> Scorer:
+        """The scorer of `model` (class docstring); probe_ids int [1, T] (default 16 ids
+        below the vocabulary size) checks the split."""
+        if chunk_size is not None and (not _is_int(chunk_size) or chunk_size < 1):
+            raise PplError("chunk_size", f"must be None or a positive int, got {chunk_size!r}")
+        body, head = getattr(model, "base_model", model), model.get_output_embeddings()
+        if body is model or head is None:
+            return cls(model, None, None, chunk_size)
+        if probe_ids is None:
+            vocab = model.get_input_embeddings().num_embeddings
+            probe_ids = (torch.arange(16) * 7919 % vocab)[None]  # [1, 16]
+        device = next(model.parameters()).device
+        probe_ids = probe_ids.to(device)
+        with torch.no_grad():
+            full = _full_logits(model, probe_ids).float()  # [1, T, V]
+            try:
+                split = head(_hidden_states(body, probe_ids)).float()
+            except (TypeError, ValueError, AttributeError, RuntimeError):
+                return cls(model, None, None, chunk_size)  # a base model of another API
+        same = split.shape == full.shape and torch.allclose(
+            split, full, rtol=1e-4, atol=1e-4 * max(float(full.abs().max()), 1.0))
+        return cls(model, body, head, chunk_size) if same else cls(model, None, None,
+                                                                    chunk_size)
+
+    @property
+    def chunked_head(self) -> bool:
+        return self.body is not None
+
+    @torch.no_grad()
+    def losses(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy [B, T] float32 of the prediction at every position of input_ids
+        int [B, T] against targets int [B, T] (targets[:, t] = the token after
+        input_ids[:, t])."""
+        B, T = input_ids.shape
+        targets = targets.reshape(-1).long()  # [B * T]
+        chunk = B * T if self.chunk_size is None else self.chunk_size
+        if self.body is None:
+            features, head = _full_logits(self.model, input_ids), None  # [B, T, V]
+        else:
+            features, head = _hidden_states(self.body, input_ids), self.head  # [B, T, hidden]
+        features = features.reshape(B * T, -1)  # [B * T, hidden or V]
+        return _cross_entropy_chunks(features, targets, chunk, head).float().view(B, T)
+
+
+def token_losses(model: nn.Module, input_ids: torch.Tensor, targets: torch.Tensor,
+                 chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """Per-position cross-entropy [B, T] float32 of a causal LM: input_ids int [B, T],
+    targets int [B, T] (the next tokens). `Scorer.of(model, chunk_size).losses(...)`."""
+    return Scorer.of(model, chunk_size).losses(input_ids, targets)
+
+
+def _ids(tokens: np.ndarray) -> torch.Tensor:
+    """int64 tensor of a slice of the stream (only the slice is converted)."""
+    return torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+
+
+def _autocast(dtype: str, device: torch.device):
+    if dtype not in DTYPES:
+        raise PplError("dtype", f"must be one of {DTYPES}, got {dtype!r}")
+    if dtype == "float32":
+        return nullcontext()
+    from ..train.evaluate import autocast_context
+
+    return autocast_context(dtype, device)
+
+
+@torch.no_grad()
+def evaluate_ppl(model: nn.Module, tokens, lengths: Sequence[int] = DEFAULT_LENGTHS, *,
+                 batch_size: int = 1, chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+                 dtype: str = "float32", bins_per_octave: int = 4,
+                 progress: bool | tqdm = False, name: str | None = None) -> dict:
+    """Perplexity at each length and loss by position of a causal LM (module docstring).
+
+    Args:
+        model: a Hugging Face causal LM (pathattn's `PaTHForCausalLM`, or any
+            `AutoModelForCausalLM`), on the device to evaluate on; put in eval mode and back.
+        tokens: the token stream, int array-like [N] (e.g. `held_out_tokens(...)`).
+        lengths: context lengths L (positive ints); every one needs N >= L + 1.
+        batch_size: windows per forward pass.
+        chunk_size: tokens per LM-head chunk (`Scorer`); None = all logits at once.
+        dtype: "float32", or "bfloat16" autocast (the losses are float32 either way).
+        bins_per_octave: resolution of `loss_by_position`.
+        progress: a tqdm bar over the windows (True: a new one), or False.
+        name: the bar's label.
+
+    Returns {"lengths": [L...], "loss": {L: mean loss}, "ppl": {L: exp(loss)},
+    "windows": {L: count}, "tokens": {L: scored positions}, "chunked_head": bool,
+    "position_loss": float64 np.ndarray [Lmax] (mean loss at positions 1 .. Lmax over the
+    windows of Lmax), "loss_by_position": the bins of it (`loss_by_position`)}.
+    """
+    lengths = check_lengths(lengths)
+    if not _is_int(batch_size) or batch_size < 1:
+        raise PplError("batch_size", f"must be a positive int, got {batch_size!r}")
+    device = next(model.parameters()).device
+    _autocast(dtype, device)  # checks dtype
+    stream = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)  # [N]
+    if stream.ndim != 1 or not np.issubdtype(stream.dtype, np.integer):
+        raise PplError("tokens", f"must be a 1-D array of int ids, got {stream.dtype} "
+                       f"{stream.shape}")
+    check_enough_tokens(len(stream), lengths)
+    counts = {L: num_windows(len(stream), L) for L in lengths}
+    was_training = model.training
+    model.eval()
+    bar = progress if isinstance(progress, tqdm) else tqdm(
+        total=sum(counts.values()), unit="window", desc=name, disable=not progress)
+    try:
+        scorer = Scorer.of(model, chunk_size, _ids(stream[:16])[None])
+        result = {"lengths": lengths, "loss": {}, "ppl": {}, "windows": counts, "tokens": {},
+                  "chunked_head": scorer.chunked_head}
+        for L in lengths:
+            position_sum = torch.zeros(L, dtype=torch.float64)  # [L]
+            for w0 in range(0, counts[L], batch_size):
+                B = min(batch_size, counts[L] - w0)  # windows w0 .. w0 + B - 1
+                block = _ids(stream[w0 * L:(w0 + B) * L + 1]).to(device)  # [B L + 1]
+                with _autocast(dtype, device):
+                    loss = scorer.losses(block[:-1].view(B, L), block[1:].view(B, L))
+                position_sum += loss.double().sum(0).cpu()  # [L]
+                bar.update(B)
+            mean = float(position_sum.sum()) / (counts[L] * L)
+            result["loss"][L], result["ppl"][L] = mean, math.exp(min(mean, 700.0))
+            result["tokens"][L] = counts[L] * L
+        position_loss = (position_sum / counts[lengths[-1]]).numpy()  # [Lmax]
+    finally:
+        model.train(was_training)
+        if bar is not progress:
+            bar.close()
+    result["position_loss"] = position_loss
+    result["loss_by_position"] = loss_by_position(position_loss, bins_per_octave)
+    return result
+
+
+def loss_by_position(position_loss, bins_per_octave: int = 4) -> list[dict]:
+    """Mean of position_loss (float [L], the loss at positions 1 .. L) in log-spaced bins:
+    bin edges at the distinct integers round(2 ** (k / bins_per_octave)), so the bins are
+    single positions at the start and `bins_per_octave` per doubling further on. Returns
+    [{"start", "end" (1-based positions, end exclusive), "center" (geometric mean of the
+    bin's first and last position), "loss"}], in order."""
+    if not _is_int(bins_per_octave) or bins_per_octave < 1:
+        raise PplError("bins_per_octave", f"must be a positive int, got {bins_per_octave!r}")
+    values = np.asarray(position_loss, dtype=np.float64)  # [L]
+    L = len(values)
+    edges, k = [1], 1
+    while edges[-1] <= L:
+        edge = min(round(2 ** (k / bins_per_octave)), L + 1)
+        if edge > edges[-1]:
+            edges.append(edge)
+        k += 1
+    return [{"start": a, "end": b, "center": math.sqrt(a * (b - 1)),
+             "loss": float(values[a - 1:b - 1].mean())}
+            for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+# ----------------------------------------------------------------- model folders
+
+# any of these files in a model folder means a tokenizer was saved there
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+PROBE_TEXT = "def probe(x):\n    return {'h\u00e9llo': x + 1}  # \u4e16\u754c\n"
+
+
+@dataclass
+class ModelFolder:
+    """A model folder checked against the data: name (the folder's name, or the run's
+    for a `pathattn pretrain` RUN/hf), path, tokenizer (loaded), train_length (None when
+    unknown) and train_length_source."""
+
+    name: str
+    path: Path
+    tokenizer: object
+    train_length: int | None
+    train_length_source: str | None
+
+
+def train_length(path: str | os.PathLike, config=None) -> tuple[int | None, str | None]:
+    """(the length the model was trained at, where it was read) or (None, None).
+
+    A `pathattn pretrain` export RUN/hf reads RUN/config.json's seq_len (the training
+    length itself); otherwise the model config's max_position_embeddings (or n_positions),
+    the longest context its authors meant it for."""
+    import json
+
+    path = Path(path)
+    run_config = path.parent / "config.json"
+    if path.name == "hf" and run_config.is_file():
+        try:
+            seq_len = json.loads(run_config.read_text()).get("seq_len")
+        except (OSError, ValueError, AttributeError):
+            seq_len = None
+        if _is_int(seq_len) and seq_len > 0:
+            return int(seq_len), f"{run_config} seq_len"
+    for attr in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, attr, None)
+        if _is_int(value) and value > 0:
+            return int(value), f"config.json {attr}"
+    return None, None
+
+
+def _tokenizer_mismatch(tok, meta: dict, first_doc: np.ndarray | None) -> str | None:
+    """Why `tok` is not the tokenizer of the data (meta.json "tokenizer" record), or None.
+    Vocabulary size and special ids must match; then, when the data's tokenizer folder is
+    still there, the vocabularies and the ids of a probe text; otherwise the data's first
+    document (without BOS / EOS) must decode and re-encode to the same ids."""
+    from ..data import DataError, load_tokenizer, special_ids
+
+    if len(tok) != meta["vocab_size"]:
+        return f"{len(tok)} tokens, the data's tokenizer has {meta['vocab_size']}"
+    ids = special_ids(tok)
+    for key, value in ids.items():
+        if meta.get(key) != value:
+            return f"{key} {value}, the data's tokenizer has {meta.get(key)}"
+    try:
+        ref = load_tokenizer(meta["path"]) if Path(meta["path"]).is_dir() else None
+    except DataError:
+        ref = None
+    if ref is not None:
+        if ref.get_vocab() != tok.get_vocab():
+            return f"its vocabulary differs from the data's tokenizer ({meta['path']})"
+        mine, theirs = (t.encode(PROBE_TEXT, add_special_tokens=False) for t in (tok, ref))
+        return None if mine == theirs else f"it encodes {PROBE_TEXT!r} as {mine[:8]}..., " \
+            f"the data's tokenizer as {theirs[:8]}..."
+    if first_doc is not None and len(first_doc):
+        doc = [int(i) for i in first_doc if i not in (ids["bos_id"], ids["eos_id"])]
+        again = tok.encode(tok.decode(doc), add_special_tokens=False)
+        if again != doc:
+            return "it does not re-encode the data's first document to the stored ids"
+    return None
+
+
+def check_model_folder(path: str | os.PathLike, meta: dict,
+                       first_doc: np.ndarray | None = None) -> ModelFolder:
+    """Check a model folder before any evaluation: a folder with a config.json and a
+    tokenizer that is the data's (`meta`: meta.json's "tokenizer" record; `first_doc`: the
+    data's first held-out document, used when the data's tokenizer folder is gone).
+    PplError("model") otherwise."""
+    from transformers import AutoConfig
+
+    from ..data import DataError, load_tokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise PplError("model", f"{str(path)!r} is not a folder")
+    if not (path / "config.json").is_file():
+        raise PplError("model", f"{path} has no config.json (a folder written by "
+                       "save_pretrained, e.g. the hf folder of a `pathattn pretrain` run)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        names = ", ".join(TOKENIZER_FILES)
+        raise PplError("model", f"{path} holds no tokenizer (none of {names}); save the "
+                       "data's tokenizer next to the weights (tokenizer.save_pretrained)")
+    try:
+        tok = load_tokenizer(path)
+    except DataError as e:
+        raise PplError("model", f"{path} holds no usable tokenizer ({e}); save the data's "
+                       "tokenizer next to the weights (tokenizer.save_pretrained)") from None
+    why = _tokenizer_mismatch(tok, meta, first_doc)
+    if why is not None:
+        raise PplError("model", f"the tokenizer of {path} is not the one the data was "
+                       f"prepared with: {why}")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise PplError("model", f"{path}: cannot read config.json ({e})") from None
+    name = path.resolve().parent.name if path.resolve().name == "hf" else path.resolve().name
+    return ModelFolder(name, path, tok, *train_length(path, config))
+
+
+def load_model(folder: ModelFolder, vocab_size: int, device: str | torch.device = "cpu"
+               ) -> nn.Module:
+    """`AutoModelForCausalLM.from_pretrained` (float32) on `device`, in eval mode;
+    PplError("model") when it cannot be loaded or its embedding has fewer than
+    vocab_size rows."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the evaluation's own bar is enough
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder.path, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise PplError("model", f"{folder.path}: cannot load it with "
+                       f"AutoModelForCausalLM ({e})") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < vocab_size:
+        raise PplError("model", f"{folder.path}: its embedding has {rows} rows, fewer than "
+                       f"the data's {vocab_size} token ids")
+    return model.to(device).eval()
+
+
+# ------------------------------------------------------------------------ report
+
+def evaluate_models(model_dirs: Sequence[str | os.PathLike], data: str | os.PathLike,
+                    lengths: Sequence[int] = DEFAULT_LENGTHS, *, split: str = "val",
+                    max_docs: int | None = None, batch_size: int = 1,
+                    chunk_size: int | None = DEFAULT_CHUNK_SIZE, dtype: str = "float32",
+                    device: str | torch.device = "cpu", progress: bool = False) -> dict:
+    """`evaluate_ppl` of every model folder on the held-out stream of `data`.
+
+    Every argument is checked, and every folder against the data's tokenizer, before the
+    first model is loaded; the models are then loaded and evaluated one at a time.
+    Returns the report written to ppl.json: {"data", "split", "documents", "tokens"
+    (held-out tokens), "lengths", "dtype", "models": [{"name", "path", "train_length",
+    "train_length_source", "chunked_head", "ppl", "loss", "windows", "tokens" (dicts by
+    length, string keys), "loss_by_position": {"length", "windows", "bins"}}]}.
+    """
+    lengths = check_lengths(lengths)
+    if isinstance(model_dirs, (str, os.PathLike)) or not model_dirs:
+        raise PplError("model", f"must be a non-empty list of folders, got {model_dirs!r}")
+    if dtype not in DTYPES:
+        raise PplError("dtype", f"must be one of {DTYPES}, got {dtype!r}")
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        raise PplError("device", f"{device}: not usable here ({e})") from None
+    dataset, documents = _open_split(data, split, max_docs)
+    stream, meta = dataset.tokens[:dataset.offsets[documents]], dataset.meta
+    check_enough_tokens(len(stream), lengths, f"the {split!r} split" + (
+        f" (its first {documents} documents)" if documents < dataset.num_documents else ""))
+    folders = [check_model_folder(d, meta["tokenizer"], np.asarray(dataset[0]))
+               for d in model_dirs]
+    _dedupe_names(folders)
+    report = {"data": str(data), "split": split, "documents": documents,
+              "tokens": len(stream), "lengths": lengths, "dtype": dtype, "models": []}
+    total = len(folders) * sum(num_windows(len(stream), L) for L in lengths)
+    with tqdm(total=total, unit="window", disable=not progress) as bar:
+        for folder in folders:
+            model = load_model(folder, meta["tokenizer"]["vocab_size"], device)
+            bar.set_description(folder.name)
+            try:
+                res = evaluate_ppl(model, stream, lengths, batch_size=batch_size,
+                                   chunk_size=chunk_size, dtype=dtype, progress=bar)
+            except RuntimeError as e:  # e.g. a model with learned positions at a long L
+                raise PplError("model", f"{folder.path} failed on the windows: {e}") from e
+            del model
+            report["models"].append(_model_record(folder, res))
+    return report
+
+
+def _dedupe_names(folders: list[ModelFolder]) -> None:
+    """Give equal names a suffix " (2)", " (3)" ... so each model has its own label."""
+    seen: dict[str, int] = {}
+    for f in folders:
+        seen[f.name] = seen.get(f.name, 0) + 1
+        if seen[f.name] > 1:
+            f.name = f"{f.name} ({seen[f.name]})"
+
+
+def _model_record(folder: ModelFolder, res: dict) -> dict:
+    def by_length(values: dict) -> dict:
+        return {str(L): values[L] for L in res["lengths"]}
+
+    longest = res["lengths"][-1]
+    return {"name": folder.name, "path": str(folder.path), "train_length": folder.train_length,
+            "train_length_source": folder.train_length_source,
+            "chunked_head": res["chunked_head"], "ppl": by_length(res["ppl"]),
+            "loss": by_length(res["loss"]), "windows": by_length(res["windows"]),
+            "tokens": by_length(res["tokens"]),
+            "loss_by_position": {"length": longest, "windows": res["windows"][longest],
+                                 "bins": res["loss_by_position"]}}

@@ -1,0 +1,258 @@
+"""`pathattn eval ppl`: per-position losses against a direct forward + cross-entropy, ppl
+as exp(mean loss), the chunked LM head against the unchunked one, the command's outputs
+for a PaTH model beside a Llama, and its errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pathattn.cli import main
+from pathattn.evaluation.ppl import (
+    PplError,
+    Scorer,
+    evaluate_ppl,
+    held_out_tokens,
+    loss_by_position,
+    num_windows,
+    token_losses,
+)
+from pathattn.evaluation.ppl_cli import add_arguments
+from pathattn.models import ModelConfig
+from tests.train.test_pretrain import make_prepared
+
+TRAIN_LEN = 48
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict:
+    """Prepared data (512-token tokenizer), a random PaTH model exported like `pathattn
+    pretrain` does (RUN/hf beside RUN/config.json) and a random Llama, both saved with the
+    data's tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from pathattn.hf import PaTHConfig, PaTHForCausalLM
+
+    root = tmp_path_factory.mktemp("ppl")
+    data = make_prepared(root)
+    tok = AutoTokenizer.from_pretrained(root / "tok")
+    torch.manual_seed(0)
+    path = PaTHForCausalLM(PaTHConfig.from_model_config(ModelConfig.preset(
+        "cpu-tiny", vocab_size=512, hidden_size=32, intermediate_size=64, w_rank=8)))
+    (root / "run").mkdir()
+    (root / "run" / "config.json").write_text(json.dumps({"seq_len": TRAIN_LEN}))
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+        tie_word_embeddings=False))
+    dirs = {"path": root / "run" / "hf", "llama": root / "llama"}
+    for name, model in (("path", path), ("llama", llama)):
+        model.save_pretrained(dirs[name])
+        tok.save_pretrained(dirs[name])
+    return {"root": root, "data": data, "models": {"path": path.eval(), "llama": llama.eval()},
+            "dirs": dirs, "tokens": held_out_tokens(data, "val", max_docs=1)}
+
+
+MODELS = ["path", "llama"]
+
+
+def _direct_losses(model, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Full forward + cross-entropy of the whole logits: [B, T] float32."""
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits.float()  # [B, T, V]
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(
+        targets.shape)
+
+
+def _windows(tokens, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All windows of length L: inputs and targets [W, L]."""
+    stream = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    W = num_windows(len(stream), L)
+    idx = torch.arange(W)[:, None] * L + torch.arange(L)  # [W, L]
+    return stream[idx], stream[idx + 1]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_position_losses_equal_a_direct_forward(assets, name):
+    model = assets["models"][name]
+    ids, targets = _windows(assets["tokens"], 80)
+    ours = token_losses(model, ids[:2], targets[:2], chunk_size=37)
+    torch.testing.assert_close(ours, _direct_losses(model, ids[:2], targets[:2]),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_ppl_is_exp_of_the_mean_window_loss(assets, name):
+    model, tokens = assets["models"][name], assets["tokens"]
+    res = evaluate_ppl(model, tokens, [80, 32], batch_size=3, chunk_size=64)
+    assert res["lengths"] == [32, 80] and res["chunked_head"]
+    for L in (32, 80):
+        ids, targets = _windows(tokens, L)
+        direct = _direct_losses(model, ids, targets)  # [W, L]
+        assert res["windows"][L] == len(ids) and res["tokens"][L] == direct.numel()
+        assert res["loss"][L] == pytest.approx(float(direct.double().mean()), rel=1e-5)
+        assert res["ppl"][L] == pytest.approx(math.exp(float(direct.double().mean())), rel=1e-5)
+    np.testing.assert_allclose(res["position_loss"], direct.double().mean(0).numpy(),
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_chunked_head_equals_unchunked(assets, name):
+    model = assets["models"][name]
+    ids, targets = _windows(assets["tokens"], 64)
+    chunked = Scorer.of(model, chunk_size=5)
+    whole = Scorer.of(model, chunk_size=None)
+    assert chunked.chunked_head and whole.chunked_head
+    torch.testing.assert_close(chunked.losses(ids[:3], targets[:3]),
+                               whole.losses(ids[:3], targets[:3]), rtol=1e-6, atol=1e-6)
+
+
+def test_a_head_that_does_not_split_falls_back_to_the_full_forward(assets, monkeypatch):
+    """When head(base model) is not the model's own logits, the scorer uses the forward."""
+    model = assets["models"]["llama"]
+    other = torch.nn.Linear(32, 512, bias=False)
+    monkeypatch.setattr(model, "get_output_embeddings", lambda: other)
+    scorer = Scorer.of(model, chunk_size=7)
+    assert not scorer.chunked_head
+    ids, targets = _windows(assets["tokens"], 40)
+    torch.testing.assert_close(scorer.losses(ids[:2], targets[:2]),
+                               _direct_losses(model, ids[:2], targets[:2]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_loss_by_position_bins_cover_every_position():
+    values = np.arange(1, 101, dtype=np.float64)  # loss = position
+    bins = loss_by_position(values, bins_per_octave=4)
+    assert bins[0]["start"] == 1 and bins[-1]["end"] == 101
+    assert all(a["end"] == b["start"] for a, b in zip(bins[:-1], bins[1:], strict=True))
+    for b in bins:
+        assert b["loss"] == pytest.approx((b["start"] + b["end"] - 1) / 2)
+    assert [b["end"] - b["start"] for b in bins[:4]] == [1, 1, 1, 1]  # 1, 2, 3, 4 alone
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pathattn eval ppl")
+    add_arguments(p)
+    return p
+
+
+def _run(argv: list[str]) -> int:
+    """`pathattn eval ppl ARGV` as registered in the command line."""
+    return main(["eval", "ppl", *argv])
+
+
+def test_command_writes_one_plot_and_json_for_both_models(assets, tmp_path, capsys):
+    d = assets["dirs"]
+    out = tmp_path / "out"
+    assert _run(["--model", str(d["path"]), str(d["llama"]), "--data", str(assets["data"]),
+                 "--lengths", "96", "24", "--max-docs", "1", "--batch-size", "4",
+                 "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "ppl.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["loss_by_position.png", "ppl.json"]
+    assert (out / "loss_by_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["lengths"] == [24, 96] and report["split"] == "val"
+    assert report["tokens"] == len(assets["tokens"]) and report["documents"] == 1
+    path, llama = report["models"]
+    assert (path["name"], llama["name"]) == ("run", "llama")
+    assert (path["train_length"], llama["train_length"]) == (TRAIN_LEN, 96)
+    assert "seq_len" in path["train_length_source"]
+    assert "max_position_embeddings" in llama["train_length_source"]
+    for m, name in ((path, "path"), (llama, "llama")):
+        direct = evaluate_ppl(assets["models"][name], assets["tokens"], [24, 96])
+        assert m["ppl"]["24"] == pytest.approx(direct["ppl"][24], rel=1e-6)
+        assert m["loss_by_position"]["length"] == 96
+        assert m["loss_by_position"]["bins"][-1]["end"] == 97
+    table = capsys.readouterr().out
+    assert "| model | train length | ppl @ 24 | ppl @ 96 |" in table
+    assert f"| run | {TRAIN_LEN} | {path['ppl']['24']:.3f} |" in table
+
+
+def _error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        _run(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_errors_name_the_argument(assets, tmp_path, capsys):
+    d, data = assets["dirs"], str(assets["data"])
+    model = str(d["path"])
+    err = _error(["--model", str(tmp_path / "nope"), "--data", data], capsys)
+    assert "--model" in err and "not a folder" in err
+    err = _error(["--model", model, "--data", str(tmp_path / "nope")], capsys)
+    assert "--data" in err and "not a folder" in err
+    weights_only = tmp_path / "weights_only"
+    shutil.copytree(d["llama"], weights_only,
+                    ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*"))
+    err = _error(["--model", model, str(weights_only), "--data", data], capsys)
+    assert "--model" in err and "tokenizer" in err
+    n = len(held_out_tokens(data, max_docs=1))
+    err = _error(["--model", model, "--data", data, "--max-docs", "1", "--lengths", "64",
+                  str(n)], capsys)
+    assert "--lengths" in err and f"has {n}" in err and f"{n - 1}" in err
+    err = _error(["--model", model, "--data", data, "--lengths", "0", "64"], capsys)
+    assert "--lengths" in err and "positive" in err
+    err = _error(["--model", model, "--data", data, "--lengths", "1.5"], capsys)
+    assert "--lengths" in err
+    err = _error(["--model", model, "--data", data, "--max-docs", "0"], capsys)
+    assert "--max-docs" in err
+    err = _error(["--model", model, "--data", data, "--split", "test"], capsys)
+    assert "--split" in err
+
+
+def test_a_model_with_another_tokenizer_is_refused(assets, tmp_path, capsys):
+    """Another vocabulary size; the same size but other merges, checked against the data's
+    tokenizer folder, and (with that folder gone) by re-encoding the first document."""
+    from transformers import AutoTokenizer
+
+    from pathattn.cli import main
+
+    root, data = assets["root"], assets["data"]
+    corpus = tmp_path / "corpus"
+    shutil.copytree(root / "corpus", corpus, ignore=shutil.ignore_patterns("json_*"))
+    for vocab in ("400", "512"):
+        assert main(["tokenizer", "--input", str(corpus), "--vocab-size", vocab,
+                     "--out", str(tmp_path / f"tok{vocab}")]) == 0
+        other = tmp_path / f"model{vocab}"
+        shutil.copytree(assets["dirs"]["llama"], other)
+        AutoTokenizer.from_pretrained(tmp_path / f"tok{vocab}").save_pretrained(other)
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "tok512")) == 512
+    err = _error(["--model", str(tmp_path / "model400"), "--data", str(data)], capsys)
+    assert "--model" in err and "not the one the data was prepared with" in err
+    assert "400 tokens" in err
+    err = _error(["--model", str(tmp_path / "model512"), "--data", str(data)], capsys)
+    assert "vocabulary differs" in err
+    moved = tmp_path / "data_without_tokenizer"
+    shutil.copytree(data, moved)
+    meta = json.loads((moved / "meta.json").read_text())
+    meta["tokenizer"]["path"] = str(tmp_path / "gone")
+    (moved / "meta.json").write_text(json.dumps(meta))
+    err = _error(["--model", str(tmp_path / "model512"), "--data", str(moved)], capsys)
+    assert "re-encode" in err
+    assert _run(["--model", str(assets["dirs"]["llama"]), "--data", str(moved),
+                 "--lengths", "16", "--max-docs", "1", "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bfloat16_autocast_is_close_to_float32(assets, name):
+    model, tokens = assets["models"][name], assets["tokens"][:257]
+    full = evaluate_ppl(model, tokens, [64])["loss"][64]
+    low = evaluate_ppl(model, tokens, [64], dtype="bfloat16", chunk_size=None)["loss"][64]
+    assert low == pytest.approx(full, rel=2e-2)
+
+
+def test_library_errors(assets):
+    model = assets["models"]["path"]
+    with pytest.raises(PplError, match="lengths: must be positive ints"):
+        evaluate_ppl(model, assets["tokens"], [-1])
+    with pytest.raises(PplError, match=r"lengths: 100 needs 101 held-out tokens .* has 50"):
+        evaluate_ppl(model, assets["tokens"][:50], [100])
+    with pytest.raises(PplError, match="batch_size"):
+        evaluate_ppl(model, assets["tokens"], [8], batch_size=0)
