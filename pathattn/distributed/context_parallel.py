@@ -46,10 +46,17 @@ from ..ops.cpu import (
     ut_backward,
     ut_forward,
 )
-from ..ops.function import _blocks, _kv_blocks, _row_blocks, _rows_to_tokens, compute_dtype
-from ..ops.gates import block_gates, gate_grad
-from ..ops.layout import from_blocks, make_layout
+from ..ops.gates import gate_grad
+from ..ops.layout import make_layout
 from ..ops.path_attn import DEFAULT_BLOCK_SIZE
+from ..ops.stages import (
+    block_inputs,
+    compute_dtype,
+    default_scale,
+    kv_tokens,
+    row_blocks,
+    rows_to_tokens,
+)
 from ..ops.ut import block_ut
 from ..ops.validation import check_block_size, check_path_attn_inputs
 from .ring import Ring, ShardMeta, exchange_meta
@@ -73,16 +80,13 @@ def _local_forward(q, k, w, beta, v, g, scale: float, C: int):
     layout [B, H, Gr, T, Dv] / [B, H, Gr, T] and the detached `ShardTerms`."""
     B, T, HQ, _ = q.shape
     H, Dv = k.shape[2], v.shape[-1]
-    cd = compute_dtype(q.dtype)
     lay = make_layout(B, T, C, None, q.device)
-    qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
-    vb = _kv_blocks(v, lay, cd)
-    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
-    ut = ut_forward(qb, kb, wb, bb, scale)
+    bi = block_inputs(q, k, v, w, beta, g, lay)
+    ut = ut_forward(*bi.ut, scale)
     terms = shard_terms(lay, ut, B, T, HQ)
-    o_rows, lse_rows = scan_forward(lay, ut, vb, gates, wb, bb)
-    o = rows_to_heads(_rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)), H)
-    lse = rows_to_heads(_rows_to_tokens(lse_rows[..., None], lay, (B, T, HQ, 1)), H)[..., 0]
+    o_rows, lse_rows = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb)
+    o = rows_to_heads(rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)), H)
+    lse = rows_to_heads(rows_to_tokens(lse_rows[..., None], lay, (B, T, HQ, 1)), H)[..., 0]
     return o, lse, terms
 
 
@@ -270,9 +274,8 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
         cd = compute_dtype(q.dtype)
         lay = make_layout(B, T, ctx.C, None, q.device)
         with torch.no_grad():
-            blocks = _blocks(q, k, w, beta, lay, cd)
-            vb = _kv_blocks(v, lay, cd)
-            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
+            bi = block_inputs(q, k, v, w, beta, g, lay)
+            blocks, vb, gates = bi.ut, bi.vb, bi.gates
             do = do.to(cd)
             delta = (do * o).sum(-1, keepdim=True)  # [B, T, HQ, 1] rowsum(dO * O), global O
         fused = fused_scan_applies(blocks[0])
@@ -285,7 +288,7 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
                 ut = block_ut(*leaves, scale)
             terms = shard_terms(lay, ut, B, T, HQ)
         with torch.no_grad():
-            rows = lambda x: _row_blocks(x, lay, H, cd).flatten(2, 3)  # noqa: E731
+            rows = lambda x: row_blocks(x, lay, H, cd).flatten(2, 3)  # noqa: E731
             grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
                                   ut.s_diag.detach(), vb, gates, rows(do), rows(lse)[..., 0],
                                   rows(delta)[..., 0])
@@ -315,13 +318,11 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
         else:
             dqb, dkb, dwb, dbb = torch.autograd.grad(outs, leaves, cots)
         with torch.no_grad():
-            dq = _rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
-            dk, dw = (from_blocks(x.transpose(1, 2), lay).view(ref.shape)
-                      for x, ref in ((dkb, k), (dwb, w)))
-            dv = from_blocks(grads.dv.transpose(1, 2), lay).view(v.shape)
+            dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
+            dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape) for x, ref in (
+                (dkb, k), (dwb, w), (grads.dv, v), (dbb, beta)))
             if dvs is not None:
                 dv += dvs.transpose(1, 2)
-            dbeta = from_blocks(dbb.transpose(1, 2), lay).view(beta.shape)
             dg = None if g is None else dg.to(g.dtype)
         cast = lambda x, ref: x.to(ref.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
@@ -398,7 +399,7 @@ def context_parallel_path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     except ValueError as e:
         local_error = str(e)
     D = q.shape[-1] if local_error is None else 1
-    scale = D**-0.5 if scale is None or local_error is not None else float(scale)
+    scale = default_scale(D, None if local_error is not None else scale)
     meta = exchange_meta(ring, q, k, v, g, scale, local_error)
     C = DEFAULT_BLOCK_SIZE if block_size is None else int(block_size)
     return ContextParallelPaTHFunction.apply(q, k, v, w, beta, g, scale, C, ring, meta)

@@ -3,13 +3,15 @@ makes every `PaTHAttention` layer of a model run on a sequence shard.
 
 Inside `context_parallel(model, group)` each rank of `group` feeds the model its
 contiguous shard of the sequence (rank order = sequence order). Token-wise parts of the
-model (embeddings, norms, projections, MLPs, LM head) need nothing; each PaTH layer's
-forward is replaced by `cp_path_attention_forward`, which
+model (embeddings, norms, projections, MLPs, LM head) need nothing; each PaTH layer
 
 * completes the short causal convolution on w across the shard boundary with the last
   K-1 conv inputs of the previous rank (`halo_exchange`, differentiable: the gradient of
   the halo goes back to the previous rank), and
-* calls `context_parallel_path_attn` instead of `path_attn`.
+* calls `context_parallel_path_attn` instead of `path_attn`,
+
+through the layer's `sequence` seam (`RingShard` in place of `WholeSequence`): the layer's
+forward is the same code in one process and under context parallelism.
 
 Other attention types (RoPE, FoX) would need positions or their own ring and raise a
 ValueError. Packed batches (cu_seqlens) are not supported under context parallelism.
@@ -18,7 +20,6 @@ ValueError. Packed batches (cu_seqlens) are not supported under context parallel
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -26,7 +27,7 @@ from ..nn.path_attention import AttentionProjections, PaTHAttention
 from .context_parallel import context_parallel_path_attn
 from .ring import Ring
 
-__all__ = ["context_parallel", "cp_path_attention_forward", "halo_exchange"]
+__all__ = ["context_parallel", "RingShard", "halo_exchange"]
 
 _TAG_HALO, _TAG_HALO_GRAD = 500, 600
 
@@ -77,40 +78,56 @@ def halo_exchange(x: torch.Tensor, K1: int, group=None) -> torch.Tensor:
     return _Halo.apply(x, K1, ring)
 
 
-def cp_path_attention_forward(layer: PaTHAttention, x: torch.Tensor,
-                              cu_seqlens: torch.Tensor | None = None, *, group=None
-                              ) -> torch.Tensor:
-    """`PaTHAttention.forward` on this rank's shard x [B, Tr, hidden] of the sequence;
-    returns y [B, Tr, hidden], the shard's rows of the layer's output on the full
-    sequence."""
+class RingShard:
+    """The `PaTHAttention.sequence` seam of a layer whose sequence is split over `group`
+    (this rank holds one contiguous shard): the short convolution continues from the
+    previous shard's last K-1 inputs (`halo_exchange`), attention is
+    `context_parallel_path_attn`. Packed batches (cu_seqlens) are refused."""
+
+    def __init__(self, group=None):
+        self.group = group
+
+    def short_conv(self, conv, u: torch.Tensor, cu_seqlens: torch.Tensor | None
+                   ) -> torch.Tensor:
+        """u [B, Tr, C] of this shard -> the conv's output [B, Tr, C] on the whole
+        sequence's rows of this shard."""
+        _no_packing(cu_seqlens)
+        halo = halo_exchange(u, conv.kernel_size - 1, self.group)  # [B, K-1, C]
+        return conv.step(u, halo)[0]
+
+    def attention(self, q, k, v, w, beta, g, *, cu_seqlens: torch.Tensor | None
+                  ) -> torch.Tensor:
+        _no_packing(cu_seqlens)
+        return context_parallel_path_attn(q, k, v, w, beta, g, group=self.group)
+
+
+def _no_packing(cu_seqlens) -> None:
     if cu_seqlens is not None:
         raise ValueError("cu_seqlens: packed sequences are not supported under context "
                          "parallelism")
-    q, k, v = layer.qkv(x)  # [B, Tr, HQ, D], [B, Tr, H, D] x 2
-    u = layer.w_proj(x)  # [B, Tr, H*D]
-    halo = halo_exchange(u, layer.w_conv.kernel_size - 1, group)  # [B, K-1, H*D]
-    w = layer._w(layer.w_conv.step(u, halo)[0])  # [B, Tr, H, D]
-    o = context_parallel_path_attn(q, k, v, w, layer.beta(x), layer.forget_gate(x),
-                                   group=group)
-    return layer.out(o)
 
 
 @contextlib.contextmanager
 def context_parallel(model: torch.nn.Module, group=None):
     """Within the block, every `PaTHAttention` of `model` runs context-parallel over
-    `group` (see the module docstring); the model's own code and state are untouched and
-    the original forwards come back on exit."""
+    `group` (see the module docstring): each layer's `sequence` seam is a `RingShard`; the
+    model's code is untouched and the seams are restored on exit."""
     layers = [m for m in model.modules() if isinstance(m, PaTHAttention)]
     others = [type(m).__name__ for m in model.modules()
               if isinstance(m, AttentionProjections) and not isinstance(m, PaTHAttention)]
     if others:
         raise ValueError(f"model: context parallelism supports PaTH attention layers only, "
                          f"found {sorted(set(others))}")
+    shard = RingShard(group)
     Ring(group)  # raises when torch.distributed is not initialised
+    before = [m.__dict__.get("sequence") for m in layers]
     for m in layers:
-        m.forward = functools.partial(cp_path_attention_forward, m, group=group)
+        m.sequence = shard
     try:
         yield model
     finally:
-        for m in layers:
-            del m.forward
+        for m, old in zip(layers, before, strict=True):
+            if old is None:
+                del m.sequence  # back to the class default
+            else:
+                m.sequence = old

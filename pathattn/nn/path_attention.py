@@ -172,11 +172,13 @@ def init_forget_gate_bias(bias: torch.Tensor, low: float = 1.0, high: float = 5.
 
 class AttentionProjections(nn.Module):
     """q, k, v, o projections and optional per-head QK RMSNorm, shared by PaTH and the
-    baselines. HQ = num_heads query heads, H = num_kv_heads key/value heads, head dim D."""
+    baselines. HQ = num_heads query heads, H = num_kv_heads key/value heads, head dim D.
+    `bias` puts biases on the q, k, v projections and, unless `o_bias` says otherwise
+    (None = same as bias), on the output projection (Qwen2: q, k, v only)."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, qk_norm: bool = False, bias: bool = False,
-                 norm_eps: float = 1e-6):
+                 norm_eps: float = 1e-6, o_bias: bool | None = None):
         super().__init__()
         hidden_size = _positive_int("hidden_size", hidden_size)
         num_heads = _positive_int("num_heads", num_heads)
@@ -197,7 +199,7 @@ class AttentionProjections(nn.Module):
         self.q_proj = nn.Linear(hidden_size, HQ * D, bias=bias)
         self.k_proj = nn.Linear(hidden_size, H * D, bias=bias)
         self.v_proj = nn.Linear(hidden_size, H * D, bias=bias)
-        self.o_proj = nn.Linear(HQ * D, hidden_size, bias=bias)
+        self.o_proj = nn.Linear(HQ * D, hidden_size, bias=bias if o_bias is None else o_bias)
         self.q_norm = RMSNorm(D, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(D, norm_eps) if qk_norm else None
 
@@ -273,6 +275,27 @@ class LayerCache:
         self._hist = self._hist[:, : self._K1 + int(new_len) - self._hist_start]
 
 
+class WholeSequence:
+    """How a PaTH layer meets its sequence, the seam `PaTHAttention.sequence`: this default
+    holds every token of each sequence in this process. An object with the same two methods
+    changes where the tokens are without touching the layer: context parallelism
+    (`pathattn.distributed.context_parallel`) installs one whose short convolution reads
+    the previous shard's last tokens and whose attention is the ring op."""
+
+    def short_conv(self, conv: ShortConv, u: torch.Tensor,
+                   cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+        """The short causal conv of u [B, T, H*D] (not across packed boundaries)."""
+        return conv(u, cu_seqlens)
+
+    def attention(self, q, k, v, w, beta, g, *, cu_seqlens: torch.Tensor | None
+                  ) -> torch.Tensor:
+        """`path_attn` of the layer's op inputs."""
+        return path_attn(q, k, v, w, beta, g, cu_seqlens=cu_seqlens)
+
+
+WHOLE_SEQUENCE = WholeSequence()
+
+
 class PaTHAttention(AttentionProjections):
     """PaTH (or PaTH-FoX) attention layer; see the module docstring for the equations.
 
@@ -292,18 +315,25 @@ class PaTHAttention(AttentionProjections):
             bf16 training (paper, Limitations).
         bias: bias of the q, k, v, o projections.
         norm_eps: epsilon of the QK RMSNorm.
+        o_bias: bias of the o projection (None = same as bias).
 
     x is [B, T, hidden_size] in the weights' dtype (any float dtype under torch.autocast);
     the outputs have x's dtype (autocast's dtype under autocast). T = 0 gives an empty
     output.
+
+    `sequence` (default `WHOLE_SEQUENCE`) is the seam through which the training path runs
+    its short convolution and attention (`WholeSequence`): parallelism replaces it, the
+    layer's code stays as it is.
     """
+
+    sequence: WholeSequence = WHOLE_SEQUENCE
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, w_rank: int | None = 32, conv_size: int = 3,
                  use_forget_gate: bool = False, qk_norm: bool = False, beta_max: float = 2.0,
-                 bias: bool = False, norm_eps: float = 1e-6):
+                 bias: bool = False, norm_eps: float = 1e-6, o_bias: bool | None = None):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, bias,
-                         norm_eps)
+                         norm_eps, o_bias)
         if isinstance(beta_max, bool) or not isinstance(beta_max, numbers.Real) or not (
                 0 < beta_max <= 2):
             raise ValueError(f"beta_max must be a number in (0, 2], got {beta_max!r}")
@@ -328,7 +358,7 @@ class PaTHAttention(AttentionProjections):
 
     # ---------------------------------------------------------------- per-token inputs
 
-    def _w(self, w_conv: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def unit_w(self, w_conv: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Short-conv output [B, T, H*D] -> unit w [B, T, H, D] (zero stays zero) in `dtype`
         (default w_conv's), normalised in float32 and rounded toward zero for 16-bit
         dtypes: |w| <= 1 (module docstring)."""
@@ -359,7 +389,7 @@ class PaTHAttention(AttentionProjections):
         [B, T, H*D]: (q, k, v, w, beta, g), w in q's dtype, beta and g in float32."""
         q, k, v = self.qkv(x)
         xg = x.to(gate_dtype(x))  # one float32 copy for beta and g (autograd saves it once)
-        return q, k, v, self._w(w_conv, q.dtype), self.beta(xg), self.forget_gate(xg)
+        return q, k, v, self.unit_w(w_conv, q.dtype), self.beta(xg), self.forget_gate(xg)
 
     # ------------------------------------------------------------------------ training
 
@@ -368,9 +398,10 @@ class PaTHAttention(AttentionProjections):
         neither the short conv nor attention crosses a boundary. Returns y [B, T, hidden]."""
         self.check_input(x)
         check_packing(x, cu_seqlens)
-        inputs = self.op_inputs(x, self.w_conv(self.w_proj(x), cu_seqlens))
+        seq = self.sequence
+        inputs = self.op_inputs(x, seq.short_conv(self.w_conv, self.w_proj(x), cu_seqlens))
         with no_autocast(x.device.type):
-            o = path_attn(*inputs, cu_seqlens=cu_seqlens)
+            o = seq.attention(*inputs, cu_seqlens=cu_seqlens)
         return self.out(o)
 
     # ----------------------------------------------------------------------- inference

@@ -20,46 +20,19 @@ from .cpu import (
     ut_backward,
     ut_forward,
 )
-from .gates import block_gates, gate_grad
-from .layout import BlockLayout, from_blocks, to_blocks
+from .gates import gate_grad
+from .layout import BlockLayout
+from .stages import (
+    block_inputs,
+    compute_dtype,
+    kv_tokens,
+    row_blocks,
+    rows_to_tokens,
+    suffix_transitions,
+)
 from .ut import block_ut
 
-__all__ = ["PaTHAttnFunction", "compute_dtype"]
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype: float64 stays float64, everything else runs in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _kv_blocks(x: torch.Tensor, lay: BlockLayout, cd) -> torch.Tensor:
-    """[B, T, H, *F] -> [NB, H, C, *F] in dtype cd."""
-    flat = x.reshape((-1,) + tuple(x.shape[2:])).to(cd)  # [B*T, H, *F]
-    xb = to_blocks(flat, lay)  # [NB, C, H, *F]
-    return xb.transpose(1, 2).contiguous()
-
-
-def _row_blocks(x: torch.Tensor, lay: BlockLayout, H: int, cd) -> torch.Tensor:
-    """Query-side [B, T, HQ, F] -> [NB, H, Gr, C, F] (Gr = HQ // H) in dtype cd."""
-    HQ, F = x.shape[2], x.shape[3]
-    xb = to_blocks(x.reshape(-1, HQ, F).to(cd), lay)  # [NB, C, HQ, F]
-    xb = xb.view(lay.NB, lay.C, H, HQ // H, F).permute(0, 2, 3, 1, 4)  # [NB, H, Gr, C, F]
-    return xb.contiguous()
-
-
-def _rows_to_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
-    """[NB, H, Gr * C, F] -> tokens [B, T, HQ, F]."""
-    NB, H, R, F = xb.shape
-    Gr = R // lay.C
-    x = xb.view(NB, H, Gr, lay.C, F).permute(0, 3, 1, 2, 4).reshape(NB, lay.C, H * Gr, F)
-    return from_blocks(x, lay).view(shape)
-
-
-def _blocks(q, k, w, beta, lay: BlockLayout, cd):
-    """Block layout of the UT inputs: [NB, H, Gr, C, D], [NB, H, C, D] x 2, [NB, H, C]."""
-    H = k.shape[2]
-    return (_row_blocks(q, lay, H, cd), _kv_blocks(k, lay, cd), _kv_blocks(w, lay, cd),
-            _kv_blocks(beta, lay, cd))
+__all__ = ["PaTHAttnFunction", "forward_with_keys"]
 
 
 def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float):
@@ -100,65 +73,36 @@ class PaTHAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, beta, g, scale: float, lay: BlockLayout):
         B, T, HQ, _ = q.shape
-        H, Dv = k.shape[2], v.shape[-1]
-        cd = compute_dtype(q.dtype)
+        Dv = v.shape[-1]
         with torch.no_grad():
-            blocks = _blocks(q, k, w, beta, lay, cd)
-            vb = _kv_blocks(v, lay, cd)
-            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
-            o_rows, lse = _forward_blocks(lay, *blocks, vb, gates, scale)
+            bi = block_inputs(q, k, v, w, beta, g, lay)
+            o_rows, lse = _forward_blocks(lay, *bi.ut, bi.vb, bi.gates, scale)
         ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
         ctx.scale, ctx.lay = scale, lay
-        return _rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype)
+        return rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do):
         q, k, v, w, beta, g, o_rows, lse = ctx.saved_tensors
         lay, scale = ctx.lay, ctx.scale
-        B, T, HQ, _ = q.shape
         H = k.shape[2]
         cd = compute_dtype(q.dtype)
         # a backward run inside an autocast region keeps the op's own precision rule
         with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
             # autograd starts at the block tensors: the token <-> slot maps are bijective
             # on real tokens, so their gradients map back with a gather (no scatter-add)
-            blocks = _blocks(q, k, w, beta, lay, cd)
-            vb = _kv_blocks(v, lay, cd)
-            gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
-            do_rows = _row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
+            bi = block_inputs(q, k, v, w, beta, g, lay)
+            do_rows = row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
             dqb, dkb, dwb, dbb, dvb, dcol = _backward_blocks(
-                lay, *blocks, vb, gates, do_rows, o_rows, lse, scale)
-            dq = _rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
-            dk, dw, dv = (from_blocks(x.transpose(1, 2), lay).view(ref.shape)
-                          for x, ref in ((dkb, k), (dwb, w), (dvb, v)))
-            dbeta = from_blocks(dbb.transpose(1, 2), lay).view(beta.shape)
+                lay, *bi.ut, bi.vb, bi.gates, do_rows, o_rows, lse, scale)
+            dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
+            dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape)
+                                 for x, ref in ((dkb, k), (dwb, w), (dvb, v), (dbb, beta)))
             dg = None if g is None else gate_grad(dcol, lay).view(g.shape).to(g.dtype)
         cast = lambda x, ref: None if x is None else x.to(ref.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
                 None, None)
-
-
-def _suffix_transitions(lay: BlockLayout, pt: torch.Tensor) -> torch.Tensor:
-    """R [NB, H, D, D] per block: the row-form transition of all later blocks of its
-    sequence, R_l = Pt_{l+1}^T R_{l+1}, R_last = I (paper section 3.4, "reuse the suffix
-    cumulative product"). pt [NB, H, D, D]; blocks in scan order."""
-    NB, D = pt.shape[0], pt.shape[-1]
-    R = torch.empty_like(pt)
-    n1 = lay.counts[1] if lay.n_max > 1 else 0
-    pred = lay.key_rows[1] if n1 else None  # pred[r]: row of the block before row r (r < n1)
-    has_next = torch.zeros(NB, dtype=torch.bool, device=pt.device)
-    if n1:
-        has_next[pred] = True
-    frontier = (~has_next).nonzero().squeeze(1)  # last block of every sequence
-    R[frontier] = torch.eye(D, dtype=pt.dtype, device=pt.device)
-    while True:
-        frontier = frontier[frontier < n1]  # blocks that have a block before them
-        if frontier.numel() == 0:
-            return R
-        prev = pred[frontier]
-        R[prev] = pt[frontier].transpose(-1, -2) @ R[frontier]
-        frontier = prev
 
 
 @torch.no_grad()
@@ -172,12 +116,8 @@ def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
     """
     B, T, HQ, _ = q.shape
     H, D, Dv = k.shape[2], k.shape[3], v.shape[-1]
-    cd = compute_dtype(q.dtype)
-    qb, kb, wb, bb = _blocks(q, k, w, beta, lay, cd)
-    ut = ut_forward(qb, kb, wb, bb, scale)
-    vb = _kv_blocks(v, lay, cd)
-    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
-    o_rows, _ = scan_forward(lay, ut, vb, gates, wb, bb)
-    keys = ut.kt @ _suffix_transitions(lay, ut.pt)  # [NB, H, C, D]
-    keys = from_blocks(keys.transpose(1, 2), lay).view(B, T, H, D)
-    return _rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype), keys
+    bi = block_inputs(q, k, v, w, beta, g, lay)
+    ut = ut_forward(*bi.ut, scale)
+    o_rows, _ = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb)
+    keys = kv_tokens(ut.kt @ suffix_transitions(lay, ut.pt), lay, (B, T, H, D))
+    return rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype), keys

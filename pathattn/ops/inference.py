@@ -35,17 +35,13 @@ import torch.nn.functional as F
 
 from .cache import PaTHCache, Transition, key_transforms
 from .path_attn import path_attn, path_attn_with_keys
+from .stages import compute_dtype, default_scale
 from .ut import block_ut
 from .validation import check_path_attn_inputs
 
 __all__ = ["path_attn_prefill", "path_attn_step", "check_attention_mask"]
 
 UT_PAD = 64  # chunks longer than this are padded to a multiple of it for `block_ut`
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; float16 / bfloat16 / float32 compute and cache in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _head_major(x: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
@@ -147,7 +143,7 @@ def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
     """Cache of the prompt: padding tokens get k = v = 0, w = 0, beta = 0 (identity), g = 0.
     keys: the transformed keys [B, T, H, D] when already computed (`path_attn_with_keys`)."""
     B, T = k.shape[:2]
-    cd = _compute_dtype(k.dtype)
+    cd = compute_dtype(k.dtype)
     keep = None if mask is None else mask[:, None, :].to(cd)  # [B, 1, T]
     vh = _head_major(v, cd)  # [B, H, T, Dv]
     if keep is not None:
@@ -202,7 +198,7 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
     """
     _check_step(q, k, v, w, beta, g, state, scale)
     B, m, HQ, D = q.shape
-    scale = D**-0.5 if scale is None else float(scale)
+    scale = default_scale(D, scale)
     with torch.no_grad():
         if state.window_len >= state.max_pending_tokens:
             state.commit()
@@ -335,7 +331,7 @@ def _step_fits(q, k, v, w, beta, g, state: PaTHCache, scale) -> bool:
             and w.shape == k.shape and v.shape == (B, m, H, state.value_dim)
             and beta.shape == (B, m, H) and (g is None or g.shape == (B, m, HQ))
             and q.dtype in _FLOAT and k.dtype == v.dtype == w.dtype == q.dtype
-            and _compute_dtype(q.dtype) == state.dtype and beta.dtype.is_floating_point
+            and compute_dtype(q.dtype) == state.dtype and beta.dtype.is_floating_point
             and (g is None or g.dtype.is_floating_point)
             and q.device == k.device == v.device == w.device == beta.device == dev
             and (g is None or g.device == dev))
@@ -363,8 +359,8 @@ def _diagnose_step(q, k, v, w, beta, g, state, scale) -> None:
         need = "pass g (the prefill had forget gates)" if state.has_gates else \
             "pass g=None (the prefill had no forget gates)"
         raise ValueError(f"g: {need}")
-    if _compute_dtype(q.dtype) != state.dtype:
-        raise ValueError(f"q: dtype {q.dtype} computes in {_compute_dtype(q.dtype)} but the "
+    if compute_dtype(q.dtype) != state.dtype:
+        raise ValueError(f"q: dtype {q.dtype} computes in {compute_dtype(q.dtype)} but the "
                          f"state holds {state.dtype}")
     if q.device != state.device:
         raise ValueError(f"q is on {q.device} but the state is on {state.device}")

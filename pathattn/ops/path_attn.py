@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .function import PaTHAttnFunction, compute_dtype, forward_with_keys
+from .function import PaTHAttnFunction, forward_with_keys
 from .layout import make_layout
 from .nonfinite import isolate_nonfinite, poison_keys, poison_rows
+from .stages import compute_dtype, default_scale
 from .triton import path_attn_triton, select_backend
 from .validation import check_block_size, check_path_attn_inputs
 
@@ -109,7 +110,7 @@ def _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
     check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
     B, T, _, D = q.shape
     block_size = check_block_size(block_size)
-    scale = D**-0.5 if scale is None else float(scale)
+    scale = default_scale(D, scale)
     if B * T == 0:
         return scale, None
     # a block longer than the longest sequence (rounded up to 16) only adds padding

@@ -16,9 +16,9 @@ from pathattn.ops.cpu import (
     predecessors,
     scan_forward,
 )
-from pathattn.ops.function import _blocks, _kv_blocks
 from pathattn.ops.gates import block_gates
 from pathattn.ops.layout import make_layout
+from pathattn.ops.stages import kv_blocks, ut_blocks
 from pathattn.ops.ut import block_ut
 
 from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads
@@ -35,8 +35,8 @@ def _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special=""):
         g[:, T // 3: T // 3 + 50] = -50.0
     cu_t = None if cu is None else torch.tensor(cu)
     lay = make_layout(B, T, C, cu_t, torch.device("cpu"))
-    blocks = _blocks(q, k, w, beta, lay, dtype)
-    vb = _kv_blocks(v, lay, dtype)
+    blocks = ut_blocks(q, k, w, beta, lay, dtype)
+    vb = kv_blocks(v, lay, dtype)
     gt = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
     return lay, block_ut(*blocks, D**-0.5), vb, gt, blocks[2:]
 

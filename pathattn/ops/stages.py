@@ -1,0 +1,123 @@
+"""Public stages of the blockwise pipeline (paper section 3.3), shared by the op
+(`pathattn.ops.function`), the inference prefill and context parallelism:
+
+    tokens [B, T, ...] --block_inputs--> block tensors --UT--> scan --rows_to_tokens /
+    kv_tokens--> tokens
+
+Block tensors put the C tokens of a block next to each other, blocks in the scan order of
+`BlockLayout` (`pathattn.ops.layout`): keys, values, w, beta per key/value head
+[NB, H, C, ...]; queries and outputs per key/value head and group of query heads
+[NB, H, Gr, C, ...] (GQA: Gr = HQ // H query heads share a key/value head).
+
+Also decided here, once: the compute dtype (`compute_dtype`), the default logit scale
+(`default_scale`) and the suffix products of block transitions (`suffix_transitions`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .gates import BlockGates, block_gates
+from .layout import BlockLayout, from_blocks, to_blocks
+
+__all__ = ["compute_dtype", "default_scale", "kv_blocks", "row_blocks", "rows_to_tokens",
+           "kv_tokens", "ut_blocks", "BlockInputs", "block_inputs", "suffix_transitions"]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype of every backend: float64 stays float64, everything else (float32,
+    bfloat16, float16) computes in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def default_scale(D: int, scale: float | None) -> float:
+    """The logit scale: `scale` as a float, D ** -0.5 when None."""
+    return D**-0.5 if scale is None else float(scale)
+
+
+def kv_blocks(x: torch.Tensor, lay: BlockLayout, cd: torch.dtype) -> torch.Tensor:
+    """Key-side tokens [B, T, H, *F] -> blocks [NB, H, C, *F] in dtype cd."""
+    flat = x.reshape((-1,) + tuple(x.shape[2:])).to(cd)  # [B*T, H, *F]
+    xb = to_blocks(flat, lay)  # [NB, C, H, *F]
+    return xb.transpose(1, 2).contiguous()
+
+
+def kv_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
+    """Blocks [NB, H, C, *F] -> tokens of `shape` [B, T, H, *F] (inverse of `kv_blocks`)."""
+    return from_blocks(xb.transpose(1, 2), lay).view(shape)
+
+
+def row_blocks(x: torch.Tensor, lay: BlockLayout, H: int, cd: torch.dtype) -> torch.Tensor:
+    """Query-side tokens [B, T, HQ, F] -> [NB, H, Gr, C, F] (Gr = HQ // H) in dtype cd."""
+    HQ, F = x.shape[2], x.shape[3]
+    xb = to_blocks(x.reshape(-1, HQ, F).to(cd), lay)  # [NB, C, HQ, F]
+    xb = xb.view(lay.NB, lay.C, H, HQ // H, F).permute(0, 2, 3, 1, 4)  # [NB, H, Gr, C, F]
+    return xb.contiguous()
+
+
+def rows_to_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
+    """Query rows [NB, H, Gr * C, F] -> tokens of `shape` [B, T, HQ, F]."""
+    NB, H, R, F = xb.shape
+    Gr = R // lay.C
+    x = xb.view(NB, H, Gr, lay.C, F).permute(0, 3, 1, 2, 4).reshape(NB, lay.C, H * Gr, F)
+    return from_blocks(x, lay).view(shape)
+
+
+def ut_blocks(q, k, w, beta, lay: BlockLayout, cd: torch.dtype):
+    """The UT transform's inputs as blocks: qb [NB, H, Gr, C, D], kb and wb [NB, H, C, D],
+    bb [NB, H, C]."""
+    H = k.shape[2]
+    return (row_blocks(q, lay, H, cd), kv_blocks(k, lay, cd), kv_blocks(w, lay, cd),
+            kv_blocks(beta, lay, cd))
+
+
+class BlockInputs(NamedTuple):
+    """Every op input as blocks (see `block_inputs`)."""
+
+    qb: torch.Tensor  # [NB, H, Gr, C, D]
+    kb: torch.Tensor  # [NB, H, C, D]
+    wb: torch.Tensor  # [NB, H, C, D]
+    bb: torch.Tensor  # [NB, H, C]
+    vb: torch.Tensor  # [NB, H, C, Dv]
+    gates: BlockGates | None
+
+    @property
+    def ut(self):
+        """(qb, kb, wb, bb): the UT transform's arguments."""
+        return self.qb, self.kb, self.wb, self.bb
+
+
+def block_inputs(q, k, v, w, beta, g, lay: BlockLayout) -> BlockInputs:
+    """Tokens q [B, T, HQ, D], k, w [B, T, H, D], v [B, T, H, Dv], beta [B, T, H], g
+    [B, T, HQ] or None -> blocks in the compute dtype (gate sums in float64,
+    `pathattn.ops.gates`)."""
+    B, T, HQ, _ = q.shape
+    H = k.shape[2]
+    cd = compute_dtype(q.dtype)
+    qb, kb, wb, bb = ut_blocks(q, k, w, beta, lay, cd)
+    gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
+    return BlockInputs(qb, kb, wb, bb, kv_blocks(v, lay, cd), gates)
+
+
+def suffix_transitions(lay: BlockLayout, pt: torch.Tensor) -> torch.Tensor:
+    """R [NB, H, D, D] per block: the row-form transition of all later blocks of its
+    sequence, R_l = Pt_{l+1}^T R_{l+1}, R_last = I (paper section 3.4, "reuse the suffix
+    cumulative product"). pt [NB, H, D, D]; blocks in scan order."""
+    NB, D = pt.shape[0], pt.shape[-1]
+    R = torch.empty_like(pt)
+    n1 = lay.counts[1] if lay.n_max > 1 else 0
+    pred = lay.key_rows[1] if n1 else None  # pred[r]: row of the block before row r (r < n1)
+    has_next = torch.zeros(NB, dtype=torch.bool, device=pt.device)
+    if n1:
+        has_next[pred] = True
+    frontier = (~has_next).nonzero().squeeze(1)  # last block of every sequence
+    R[frontier] = torch.eye(D, dtype=pt.dtype, device=pt.device)
+    while True:
+        frontier = frontier[frontier < n1]  # blocks that have a block before them
+        if frontier.numel() == 0:
+            return R
+        prev = pred[frontier]
+        R[prev] = pt[frontier].transpose(-1, -2) @ R[frontier]
+        frontier = prev
