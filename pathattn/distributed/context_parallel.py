@@ -48,7 +48,7 @@ from ..ops.cpu import (
 )
 from ..ops.gates import gate_grad
 from ..ops.layout import make_layout
-from ..ops.path_attn import DEFAULT_BLOCK_SIZE
+from ..ops.path_attn import DEFAULT_BLOCK_SIZE, keys_backend
 from ..ops.stages import (
     block_inputs,
     compute_dtype,
@@ -75,16 +75,16 @@ __all__ = ["context_parallel_path_attn", "ContextParallelPaTHFunction"]
 _TAG_FWD, _TAG_BWD, _TAG_ACC, _TAG_RET = 100, 200, 300, 400
 
 
-def _local_forward(q, k, w, beta, v, g, scale: float, C: int):
+def _local_forward(q, k, w, beta, v, g, scale: float, C: int, kernels: bool):
     """In-shard attention and shard terms (no autograd). Returns o, lse in token-head
     layout [B, H, Gr, T, Dv] / [B, H, Gr, T] and the detached `ShardTerms`."""
     B, T, HQ, _ = q.shape
     H, Dv = k.shape[2], v.shape[-1]
     lay = make_layout(B, T, C, None, q.device)
     bi = block_inputs(q, k, v, w, beta, g, lay)
-    ut = ut_forward(*bi.ut, scale)
+    ut = ut_forward(*bi.ut, scale, kernels)
     terms = shard_terms(lay, ut, B, T, HQ)
-    o_rows, lse_rows = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb)
+    o_rows, lse_rows = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb, kernels)
     o = rows_to_heads(rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)), H)
     lse = rows_to_heads(rows_to_tokens(lse_rows[..., None], lay, (B, T, HQ, 1)), H)[..., 0]
     return o, lse, terms
@@ -245,23 +245,25 @@ def _ring_backward(ring: Ring, meta: ShardMeta, terms, v_heads, gate_terms, do, 
 
 
 class ContextParallelPaTHFunction(torch.autograd.Function):
-    """o = ContextParallelPaTHFunction.apply(q, k, v, w, beta, g, scale, C, ring, meta);
-    see `context_parallel_path_attn`."""
+    """o = ContextParallelPaTHFunction.apply(q, k, v, w, beta, g, scale, C, ring, meta,
+    kernels); see `context_parallel_path_attn` (kernels: the "cpu" backend's C++ kernels
+    where they apply, else PyTorch ops)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, w, beta, g, scale: float, C: int, ring: Ring, meta: ShardMeta):
+    def forward(ctx, q, k, v, w, beta, g, scale: float, C: int, ring: Ring, meta: ShardMeta,
+                kernels: bool = True):
         B, T, HQ, _ = q.shape
         H = k.shape[2]
         cd = compute_dtype(q.dtype)
         with torch.no_grad():
-            o, lse, terms = _local_forward(q, k, w, beta, v, g, scale, C)
+            o, lse, terms = _local_forward(q, k, w, beta, v, g, scale, C, kernels)
             gate_terms = None if g is None else shard_gates(g, H)
             v_heads = v.to(cd).transpose(1, 2)  # [B, H, T, Dv]
             if ring.size > 1:  # rank 0 only feeds the chain
                 _ring_forward(ring, meta, terms, v_heads, gate_terms, o, lse, cd)
         out = heads_to_rows(o)  # [B, T, HQ, Dv]
         ctx.save_for_backward(q, k, v, w, beta, g, out, heads_to_rows(lse[..., None]))
-        ctx.scale, ctx.C, ctx.ring, ctx.meta = scale, C, ring, meta
+        ctx.scale, ctx.C, ctx.ring, ctx.meta, ctx.kernels = scale, C, ring, meta, kernels
         return out.to(q.dtype)
 
     @staticmethod
@@ -278,7 +280,7 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
             blocks, vb, gates = bi.ut, bi.vb, bi.gates
             do = do.to(cd)
             delta = (do * o).sum(-1, keepdim=True)  # [B, T, HQ, 1] rowsum(dO * O), global O
-        fused = fused_scan_applies(blocks[0])
+        fused = fused_scan_applies(blocks[0], ctx.kernels)
         with torch.enable_grad():
             if fused:  # UT by the C++ kernels; autograd only through the shard terms
                 ut = fused_block_ut(*blocks, scale)
@@ -291,7 +293,7 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
             rows = lambda x: row_blocks(x, lay, H, cd).flatten(2, 3)  # noqa: E731
             grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
                                   ut.s_diag.detach(), vb, gates, rows(do), rows(lse)[..., 0],
-                                  rows(delta)[..., 0])
+                                  rows(delta)[..., 0], ctx.kernels)
             # in-shard part of the gate gradient (float64 [B, T, HQ])
             dg = None if g is None else gate_grad(grads.dgate_col, lay).view(g.shape)
             dqs = dks = dvs = dcol = None
@@ -326,7 +328,7 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
             dg = None if g is None else dg.to(g.dtype)
         cast = lambda x, ref: x.to(ref.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def _reduce_totals(ring: Ring, meta: ShardMeta, dpt_parts, dcol, dg_local):
@@ -359,7 +361,8 @@ def context_parallel_path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                w: torch.Tensor, beta: torch.Tensor,
                                g: torch.Tensor | None = None, *, group=None,
                                scale: float | None = None,
-                               block_size: int | None = None) -> torch.Tensor:
+                               block_size: int | None = None,
+                               backend: str = "auto") -> torch.Tensor:
     """Context-parallel PaTH / PaTH-FoX attention: this rank's shard of `path_attn` on the
     sequence formed by the shards of every rank of `group`, in rank order.
 
@@ -376,6 +379,9 @@ def context_parallel_path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             backward) with the same B, HQ, H, D, Dv, dtype and scale.
         scale: logit scale, default D ** -0.5 (not applied to the gate term).
         block_size: block length C of the in-shard blockwise algorithm (default 128).
+        backend: the in-shard algorithm: "cpu" (C++ kernels) or "torch" (PyTorch ops);
+            "auto" takes "cpu" where it applies (`pathattn.ops.backends`). The ring needs
+            the blockwise algorithm's per-shard terms, so "triton" is refused.
 
     Returns o [B, Tr, HQ, Dv] in q's dtype: rows Tr of `path_attn` on the gathered
     sequence, differentiable in q, k, v, w, beta and g (the backward runs over the ring
@@ -391,9 +397,11 @@ def context_parallel_path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """
     ring = Ring(group)
     local_error = None
+    kernels = False
     try:
         check_path_attn_inputs(q, k, v, w, beta, g, scale, None)
         check_block_size(block_size)
+        kernels = keys_backend(backend, q, "context parallelism").name == "cpu"
         if q.shape[0] == 0:
             raise ValueError("q: batch size B must be positive for context-parallel attention")
     except ValueError as e:
@@ -402,4 +410,5 @@ def context_parallel_path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     scale = default_scale(D, None if local_error is not None else scale)
     meta = exchange_meta(ring, q, k, v, g, scale, local_error)
     C = DEFAULT_BLOCK_SIZE if block_size is None else int(block_size)
-    return ContextParallelPaTHFunction.apply(q, k, v, w, beta, g, scale, C, ring, meta)
+    return ContextParallelPaTHFunction.apply(q, k, v, w, beta, g, scale, C, ring, meta,
+                                             kernels)

@@ -95,10 +95,11 @@ class RingShard:
         halo = halo_exchange(u, conv.kernel_size - 1, self.group)  # [B, K-1, C]
         return conv.step(u, halo)[0]
 
-    def attention(self, q, k, v, w, beta, g, *, cu_seqlens: torch.Tensor | None
-                  ) -> torch.Tensor:
+    def attention(self, q, k, v, w, beta, g, *, cu_seqlens: torch.Tensor | None,
+                  backend: str = "auto") -> torch.Tensor:
         _no_packing(cu_seqlens)
-        return context_parallel_path_attn(q, k, v, w, beta, g, group=self.group)
+        return context_parallel_path_attn(q, k, v, w, beta, g, group=self.group,
+                                          backend=backend)
 
 
 def _no_packing(cu_seqlens) -> None:

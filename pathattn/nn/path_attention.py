@@ -64,6 +64,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
+from ..ops.backends import check_backend_name
 from ..ops.inference import check_attention_mask as check_op_attention_mask
 from ..ops.validation import check_cu_seqlens
 from .norm import RMSNorm
@@ -287,10 +288,10 @@ class WholeSequence:
         """The short causal conv of u [B, T, H*D] (not across packed boundaries)."""
         return conv(u, cu_seqlens)
 
-    def attention(self, q, k, v, w, beta, g, *, cu_seqlens: torch.Tensor | None
-                  ) -> torch.Tensor:
-        """`path_attn` of the layer's op inputs."""
-        return path_attn(q, k, v, w, beta, g, cu_seqlens=cu_seqlens)
+    def attention(self, q, k, v, w, beta, g, *, cu_seqlens: torch.Tensor | None,
+                  backend: str = "auto") -> torch.Tensor:
+        """`path_attn` of the layer's op inputs on the layer's backend."""
+        return path_attn(q, k, v, w, beta, g, cu_seqlens=cu_seqlens, backend=backend)
 
 
 WHOLE_SEQUENCE = WholeSequence()
@@ -316,6 +317,8 @@ class PaTHAttention(AttentionProjections):
         bias: bias of the q, k, v, o projections.
         norm_eps: epsilon of the QK RMSNorm.
         o_bias: bias of the o projection (None = same as bias).
+        backend: the op's backend in every path, "auto" or a registered name
+            (`pathattn.ops.backends`).
 
     x is [B, T, hidden_size] in the weights' dtype (any float dtype under torch.autocast);
     the outputs have x's dtype (autocast's dtype under autocast). T = 0 gives an empty
@@ -331,9 +334,11 @@ class PaTHAttention(AttentionProjections):
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, w_rank: int | None = 32, conv_size: int = 3,
                  use_forget_gate: bool = False, qk_norm: bool = False, beta_max: float = 2.0,
-                 bias: bool = False, norm_eps: float = 1e-6, o_bias: bool | None = None):
+                 bias: bool = False, norm_eps: float = 1e-6, o_bias: bool | None = None,
+                 backend: str = "auto"):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, bias,
                          norm_eps, o_bias)
+        self.backend = check_backend_name(backend)
         if isinstance(beta_max, bool) or not isinstance(beta_max, numbers.Real) or not (
                 0 < beta_max <= 2):
             raise ValueError(f"beta_max must be a number in (0, 2], got {beta_max!r}")
@@ -401,7 +406,7 @@ class PaTHAttention(AttentionProjections):
         seq = self.sequence
         inputs = self.op_inputs(x, seq.short_conv(self.w_conv, self.w_proj(x), cu_seqlens))
         with no_autocast(x.device.type):
-            o = seq.attention(*inputs, cu_seqlens=cu_seqlens)
+            o = seq.attention(*inputs, cu_seqlens=cu_seqlens, backend=self.backend)
         return self.out(o)
 
     # ----------------------------------------------------------------------- inference
@@ -418,7 +423,8 @@ class PaTHAttention(AttentionProjections):
         w_conv, conv_state = self.w_conv.prefill(self.w_proj(x), attention_mask)
         inputs = self.op_inputs(x, w_conv)
         with no_autocast(x.device.type):
-            o, attn = path_attn_prefill(*inputs, attention_mask=attention_mask)
+            o, attn = path_attn_prefill(*inputs, attention_mask=attention_mask,
+                                        backend=self.backend)
         return self.out(o), LayerCache(attn, conv_state, self.w_conv.kernel_size)
 
     @torch.no_grad()
@@ -436,6 +442,6 @@ class PaTHAttention(AttentionProjections):
         w_conv, hist = self.w_conv.step(self.w_proj(x), cache.conv_state)
         inputs = self.op_inputs(x, w_conv)
         with no_autocast(x.device.type):
-            o = path_attn_step(*inputs, state=cache.attn)
+            o = path_attn_step(*inputs, state=cache.attn, backend=self.backend)
         cache.update(hist, start)
         return self.out(o)

@@ -35,20 +35,21 @@ from .ut import block_ut
 __all__ = ["PaTHAttnFunction", "forward_with_keys"]
 
 
-def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float):
+def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float,
+                    kernels: bool):
     """UT transform and forward scan of block tensors (one head group). Returns o_rows
     [NB, H, R, Dv] and lse [NB, H, R]."""
-    ut = ut_forward(qb, kb, wb, bb, scale)
-    return scan_forward(lay, ut, vb, gates, wb, bb)
+    ut = ut_forward(qb, kb, wb, bb, scale, kernels)
+    return scan_forward(lay, ut, vb, gates, wb, bb, kernels)
 
 
 def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_rows, lse,
-                     scale: float):
+                     scale: float, kernels: bool):
     """Gradients with respect to the block tensors (one head group): dqb, dkb, dwb, dbb,
     dvb and the gate column sums (or None). The UT transform is differentiated by the fused
     CPU kernel where it applies, by autograd through `block_ut` otherwise."""
     delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
-    if fused_scan_applies(qb):
+    if fused_scan_applies(qb, kernels):
         ut = fused_block_ut(qb, kb, wb, bb, scale)
         grads = scan_backward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, do_rows, lse,
                               delta)
@@ -60,7 +61,7 @@ def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_row
         ut = block_ut(*leaves, scale)
     with torch.no_grad():
         grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
-                              ut.s_diag.detach(), vb, gates, do_rows, lse, delta)
+                              ut.s_diag.detach(), vb, gates, do_rows, lse, delta, kernels)
     dqb, dkb, dwb, dbb = torch.autograd.grad(
         [ut.qt, ut.kt, ut.pt, ut.s_diag], leaves,
         [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag])
@@ -68,17 +69,20 @@ def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_row
 
 
 class PaTHAttnFunction(torch.autograd.Function):
-    """o = PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, layout); see `path_attn`."""
+    """o = PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, layout, kernels); see
+    `path_attn`. kernels: run the fused C++ kernels where they apply (the "cpu" backend) or
+    PyTorch ops only ("torch")."""
 
     @staticmethod
-    def forward(ctx, q, k, v, w, beta, g, scale: float, lay: BlockLayout):
+    def forward(ctx, q, k, v, w, beta, g, scale: float, lay: BlockLayout,
+                kernels: bool = True):
         B, T, HQ, _ = q.shape
         Dv = v.shape[-1]
         with torch.no_grad():
             bi = block_inputs(q, k, v, w, beta, g, lay)
-            o_rows, lse = _forward_blocks(lay, *bi.ut, bi.vb, bi.gates, scale)
+            o_rows, lse = _forward_blocks(lay, *bi.ut, bi.vb, bi.gates, scale, kernels)
         ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
-        ctx.scale, ctx.lay = scale, lay
+        ctx.scale, ctx.lay, ctx.kernels = scale, lay, kernels
         return rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype)
 
     @staticmethod
@@ -95,18 +99,19 @@ class PaTHAttnFunction(torch.autograd.Function):
             bi = block_inputs(q, k, v, w, beta, g, lay)
             do_rows = row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
             dqb, dkb, dwb, dbb, dvb, dcol = _backward_blocks(
-                lay, *bi.ut, bi.vb, bi.gates, do_rows, o_rows, lse, scale)
+                lay, *bi.ut, bi.vb, bi.gates, do_rows, o_rows, lse, scale, ctx.kernels)
             dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
             dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape)
                                  for x, ref in ((dkb, k), (dwb, w), (dvb, v), (dbb, beta)))
             dg = None if g is None else gate_grad(dcol, lay).view(g.shape).to(g.dtype)
         cast = lambda x, ref: None if x is None else x.to(ref.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
-                None, None)
+                None, None, None)
 
 
 @torch.no_grad()
-def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
+def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout,
+                      kernels: bool = True):
     """Forward pass that also returns every key transformed by all later tokens of its
     sequence, k_j^(T) = H_{T-1} ... H_{j+1} k_j, from the forward's own UT quantities
     (K~ and the block transitions): the prefill of an inference cache at the cost of one
@@ -117,7 +122,7 @@ def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout):
     B, T, HQ, _ = q.shape
     H, D, Dv = k.shape[2], k.shape[3], v.shape[-1]
     bi = block_inputs(q, k, v, w, beta, g, lay)
-    ut = ut_forward(*bi.ut, scale)
-    o_rows, _ = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb)
+    ut = ut_forward(*bi.ut, scale, kernels)
+    o_rows, _ = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb, kernels)
     keys = kv_tokens(ut.kt @ suffix_transitions(lay, ut.pt), lay, (B, T, H, D))
     return rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype), keys

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .backends import select_backend
 from .cache import PaTHCache, Transition, key_transforms
 from .path_attn import path_attn, path_attn_with_keys
 from .stages import compute_dtype, default_scale
@@ -55,8 +56,8 @@ def _head_major(x: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
 def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
                       beta: torch.Tensor, g: torch.Tensor | None = None, *,
                       scale: float | None = None,
-                      attention_mask: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, PaTHCache]:
+                      attention_mask: torch.Tensor | None = None,
+                      backend: str = "auto") -> tuple[torch.Tensor, PaTHCache]:
     """Causal PaTH attention over a prompt, plus the cache for `path_attn_step`.
 
     Args:
@@ -66,6 +67,10 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
         attention_mask: optional [B, T] (bool or integer 0 / 1): 1 for real tokens, 0 for
             padding, padding only on the left. Each row then equals its real tokens run
             alone; output rows at padding are zero.
+        backend: as `path_attn` (`pathattn.ops.backends`). Without autograd the output and
+            the cached keys come from one blockwise pass ("cpu" or "torch"; "auto" picks
+            one); a backend without transformed keys ("triton") or a differentiable output
+            runs the op and a separate key-only pass.
 
     Returns (o, state): o [B, T, HQ, Dv] in q's dtype, equal to `path_attn`; state a
     `PaTHCache` holding the keys transformed by every later prompt token (compute dtype:
@@ -73,15 +78,18 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
     cumsums.
     """
     check_path_attn_inputs(q, k, v, w, beta, g, scale, None)
+    impl = select_backend(backend, q)
     B, T, HQ, _ = q.shape
     mask = check_attention_mask(attention_mask, B, T, q.device)
     inputs = (q, k, v, w, beta, g)
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs):
-        # differentiable output: the op with autograd, keys by a separate UT pass
-        o = _prefill_output(q, k, v, w, beta, g, scale, mask)
+    one_pass = backend == "auto" or impl.with_keys is not None
+    if one_pass and not (torch.is_grad_enabled() and any(
+            x is not None and x.requires_grad for x in inputs)):
+        # one pass: the forward's own UT quantities also give the cached keys
+        o, keys = _prefill_output(q, k, v, w, beta, g, scale, mask, backend, with_keys=True)
+    else:  # the op (with autograd where asked), keys by a separate UT pass
+        o = _prefill_output(q, k, v, w, beta, g, scale, mask, backend)
         keys = None
-    else:  # one pass: the forward's own UT quantities also give the cached keys
-        o, keys = _prefill_output(q, k, v, w, beta, g, scale, mask, with_keys=True)
     with torch.no_grad():
         state = _prefill_state(k, v, w, beta, g, mask, HQ, keys)
     return o, state
@@ -109,7 +117,7 @@ def check_attention_mask(mask, B: int, T: int, device) -> torch.Tensor | None:
     return None if bool(mask.all()) else mask
 
 
-def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None,
+def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None, backend: str,
                     with_keys: bool = False):
     """path_attn on the prompts; with padding, on their real tokens packed by cu_seqlens.
 
@@ -117,8 +125,8 @@ def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None,
     the same pass (`path_attn_with_keys`, no autograd)."""
     if mask is None:
         if with_keys:
-            return path_attn_with_keys(q, k, v, w, beta, g, scale=scale)
-        return path_attn(q, k, v, w, beta, g, scale=scale)
+            return path_attn_with_keys(q, k, v, w, beta, g, scale=scale, backend=backend)
+        return path_attn(q, k, v, w, beta, g, scale=scale, backend=backend)
     B, T, HQ, _ = q.shape
     idx = mask.reshape(-1).nonzero().squeeze(1)  # real tokens, row by row
 
@@ -133,9 +141,9 @@ def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None,
     cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
     packed = [pack(x) for x in (q, k, v, w, beta, g)]
     if with_keys:
-        o, keys = path_attn_with_keys(*packed, scale=scale, cu_seqlens=cu)
+        o, keys = path_attn_with_keys(*packed, scale=scale, cu_seqlens=cu, backend=backend)
         return unpack(o), unpack(keys)
-    return unpack(path_attn(*packed, scale=scale, cu_seqlens=cu))
+    return unpack(path_attn(*packed, scale=scale, cu_seqlens=cu, backend=backend))
 
 
 def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
@@ -183,7 +191,7 @@ class ChunkUT(NamedTuple):
 
 def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
                    beta: torch.Tensor, g: torch.Tensor | None = None, *, state: PaTHCache,
-                   scale: float | None = None) -> torch.Tensor:
+                   scale: float | None = None, backend: str = "auto") -> torch.Tensor:
     """PaTH attention of m >= 1 new tokens against the cache and each other.
 
     Args:
@@ -192,11 +200,14 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
         state: the `PaTHCache` of `path_attn_prefill`; updated in place (the tokens are
             appended; their transforms reach the earlier keys, lazily).
         scale: logit scale, default D ** -0.5 (the gate term is not scaled).
+        backend: checked as `path_attn`'s; the step itself is PyTorch ops for every
+            backend (one pass over the cache per token: memory-bound, no kernel needed).
 
     Returns o [B, m, HQ, Dv] in q's dtype: the last m rows of `path_attn` on the whole
     sequence (each row from its own start with left padding). No gradients.
     """
     _check_step(q, k, v, w, beta, g, state, scale)
+    select_backend(backend, q)
     B, m, HQ, D = q.shape
     scale = default_scale(D, scale)
     with torch.no_grad():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from .function import PaTHAttnFunction, forward_with_keys
-from .layout import make_layout
+from .backends import Backend, get_backend, select_backend
+from .layout import BlockLayout, make_layout
 from .nonfinite import isolate_nonfinite, poison_keys, poison_rows
 from .stages import compute_dtype, default_scale
-from .triton import path_attn_triton, select_backend
 from .validation import check_block_size, check_path_attn_inputs
 
-__all__ = ["path_attn", "path_attn_with_keys", "DEFAULT_BLOCK_SIZE"]
+__all__ = ["path_attn", "path_attn_with_keys", "DEFAULT_BLOCK_SIZE", "blockwise_layout",
+           "default_block_size", "keys_backend"]
 
 DEFAULT_BLOCK_SIZE = 128
 
@@ -48,10 +48,11 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
             the longest sequence rounded up to a multiple of 16 when that is shorter; the
             UT transform itself runs on sub-blocks of at most 64 tokens). With
             backend="triton": a power of two in [16, 128] (default 64, 32 when D > 128).
-        backend: "auto" (Triton kernels for CUDA tensors when triton is installed, the
-            blockwise PyTorch path otherwise), "torch" or "triton" (on CPU tensors only
-            under TRITON_INTERPRET=1; float64 inputs need "torch"). See
-            `pathattn.ops.triton`.
+        backend: "auto", or a registered backend: "cpu" (the blockwise algorithm with
+            fused C++ kernels), "torch" (the same in PyTorch ops), "triton" (CUDA; on CPU
+            tensors only under TRITON_INTERPRET=1). "auto" takes triton for CUDA tensors
+            when installed, cpu for float32 / float64 CPU tensors when the kernels build,
+            torch otherwise (`pathattn.ops.backends`).
 
     q, k, v, w share a dtype (float16, bfloat16, float32 or float64); beta and g may be any
     float dtype. Low precision inputs accumulate in float32. Returns o [B, T, HQ, Dv] in
@@ -70,52 +71,66 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
 
 
 def _path_attn(q, k, v, w, beta, g, scale, cu_seqlens, block_size, backend):
-    if select_backend(backend, q) == "triton":
-        check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
-        (q, k, v, w, beta, g), bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
-        return poison_rows(path_attn_triton(q, k, v, w, beta, g, scale=scale,
-                                            cu_seqlens=cu_seqlens, block_size=block_size), bad)
-    scale, lay = _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size)
-    if lay is None:
-        B, T, HQ, _ = q.shape
+    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    impl = select_backend(backend, q)
+    check_block_size(block_size)
+    B, T, HQ, D = q.shape
+    if B * T == 0:
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
     (q, k, v, w, beta, g), bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
-    return poison_rows(PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, lay), bad)
+    o = impl.attention(q, k, v, w, beta, g, default_scale(D, scale), cu_seqlens, block_size)
+    return poison_rows(o, bad)
 
 
 def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
-                        block_size=None) -> tuple[torch.Tensor, torch.Tensor]:
+                        block_size=None, backend: str = "auto"
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """`path_attn` (no autograd) plus every key transformed by all later tokens of its
     sequence: keys[b, j] = H_{T-1} ... H_{j+1} k_j (T the sequence's length), the cache of
-    `path_attn_prefill`. Arguments as `path_attn`.
+    `path_attn_prefill`. Arguments as `path_attn`; the backend must provide the keys
+    (`pathattn.ops.backends`: "cpu" and "torch" do; "auto" picks one that does).
 
     Returns o [B, T, HQ, Dv] in q's dtype and keys [B, T, H, D] in the compute dtype
     (float32, or float64 for float64 inputs).
     """
-    scale, lay = _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size)
-    if lay is None:
-        B, T, HQ, D = q.shape
+    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    impl = keys_backend(backend, q)
+    check_block_size(block_size)
+    B, T, HQ, D = q.shape
+    if B * T == 0:
         return (q.new_zeros(B, T, HQ, v.shape[-1]),
                 k.new_zeros(B, T, k.shape[2], D, dtype=compute_dtype(q.dtype)))
     clean, bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
     with torch.autocast(q.device.type, enabled=False):
-        o, keys = forward_with_keys(*clean, scale, lay)
+        o, keys = impl.with_keys(*clean, default_scale(D, scale), cu_seqlens, block_size)
     if bad is None:
         return o, keys
     return poison_rows(o, bad), poison_keys(keys, k, v, w, beta, cu_seqlens)
 
 
-def _prepare(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
-    """Validated inputs -> (scale as a float, block layout), the layout None when B * T == 0."""
-    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
-    B, T, _, D = q.shape
-    block_size = check_block_size(block_size)
-    scale = default_scale(D, scale)
-    if B * T == 0:
-        return scale, None
-    # a block longer than the longest sequence (rounded up to 16) only adds padding
+def keys_backend(backend: str, q: torch.Tensor, what: str = "path_attn_with_keys"
+                 ) -> Backend:
+    """The blockwise backend of `path_attn_with_keys` (and of context parallelism, `what`
+    names the caller): `backend` when it provides the keys; for "auto" the first of "cpu",
+    "torch" that takes q."""
+    if backend == "auto":
+        cpu = get_backend("cpu")
+        return cpu if cpu.refuses(q) is None else get_backend("torch")
+    impl = select_backend(backend, q)
+    if impl.with_keys is None:
+        raise ValueError(f"backend={backend!r}: {what} runs on the blockwise backends "
+                         "'cpu' and 'torch'")
+    return impl
+
+
+def blockwise_layout(q: torch.Tensor, cu_seqlens: torch.Tensor | None,
+                     block_size: int | None) -> BlockLayout:
+    """The block layout of the blockwise backends for q [B, T, ...] (B * T > 0): blocks of
+    `block_size` tokens (default DEFAULT_BLOCK_SIZE), fewer when every sequence is shorter
+    (`default_block_size`)."""
+    B, T = q.shape[:2]
     C = default_block_size(T, cu_seqlens, block_size or DEFAULT_BLOCK_SIZE)
-    return scale, make_layout(B, T, C, cu_seqlens, q.device)
+    return make_layout(B, T, C, cu_seqlens, q.device)
 
 
 def default_block_size(T: int, cu_seqlens: torch.Tensor | None = None,

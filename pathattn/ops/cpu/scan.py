@@ -25,11 +25,11 @@ def predecessors(lay: BlockLayout) -> torch.Tensor:
     return pred
 
 
-def fused_scan_applies(qt: torch.Tensor) -> bool:
-    """True when the fused kernel handles these block tensors (CPU, float32 / float64,
-    kernel built)."""
-    return (qt.device.type == "cpu" and qt.dtype in (torch.float32, torch.float64)
-            and load_kernels())
+def fused_scan_applies(qt: torch.Tensor, kernels: bool = True) -> bool:
+    """True when the fused kernel handles these block tensors: kernels allowed (the "cpu"
+    backend; "torch" passes False), CPU, float32 / float64, kernel built."""
+    return (kernels and qt.device.type == "cpu"
+            and qt.dtype in (torch.float32, torch.float64) and load_kernels())
 
 
 def fused_forward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None):
@@ -44,11 +44,13 @@ def _kernel_args(lay, qt, kt, pt, s_diag, vb, gates):
             vb.contiguous(), predecessors(lay), G)
 
 
-def scan_forward(lay: BlockLayout, ut: BlockUT, vb, gates: BlockGates | None, wb, bb):
+def scan_forward(lay: BlockLayout, ut: BlockUT, vb, gates: BlockGates | None, wb, bb,
+                 kernels: bool = True):
     """`blockwise.forward_scan` of the UT quantities `ut`, run by the fused CPU kernel where
-    it applies. wb [NB, H, C, D] and bb [NB, H, C] give the PyTorch scan its norm bounds
-    (`block_growth`; the kernel needs none). Returns o [NB, H, R, Dv] and lse [NB, H, R]."""
-    if fused_scan_applies(ut.qt):
+    it applies (`fused_scan_applies`). wb [NB, H, C, D] and bb [NB, H, C] give the PyTorch
+    scan its norm bounds (`block_growth`; the kernel needs none). Returns o [NB, H, R, Dv]
+    and lse [NB, H, R]."""
+    if fused_scan_applies(ut.qt, kernels):
         return fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates)
     return forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, block_growth(wb, bb))
 
@@ -65,9 +67,9 @@ def fused_backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGa
 
 
 def scan_backward(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,
-                  do, lse, delta) -> ScanGrads:
+                  do, lse, delta, kernels: bool = True) -> ScanGrads:
     """`blockwise.backward_scan` (same arguments and outputs), run by the fused CPU kernel
-    where it applies."""
-    if fused_scan_applies(qt):
+    where it applies (`fused_scan_applies`)."""
+    if fused_scan_applies(qt, kernels):
         return fused_backward_scan(lay, qt, kt, pt, s_diag, vb, gates, do, lse, delta)
     return backward_scan(lay, qt, kt, pt, s_diag, vb, gates, do, lse, delta)

@@ -28,12 +28,12 @@ def fused_block_ut(qb, kb, wb, bb, scale: float, sub_block: int | None = None) -
     return BlockUT(qt=qt, kt=kt, pt=pt, s_diag=s)
 
 
-def ut_forward(qb, kb, wb, bb, scale: float) -> BlockUT:
+def ut_forward(qb, kb, wb, bb, scale: float, kernels: bool = True) -> BlockUT:
     """`ut.block_ut` for the forward pass (no autograd), by the fused kernel where it
-    applies."""
+    applies (`fused_scan_applies`)."""
     needs_grad = torch.is_grad_enabled() and any(
         x.requires_grad for x in (qb, kb, wb, bb))
-    if not needs_grad and fused_scan_applies(qb):
+    if not needs_grad and fused_scan_applies(qb, kernels):
         return fused_block_ut(qb, kb, wb, bb, scale)
     return block_ut(qb, kb, wb, bb, scale)
 
