@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
+from ..ops.stages import expand_kv_heads
 from .path_attention import (
     AttentionProjections,
     check_attention_mask,
@@ -31,11 +32,6 @@ from .path_attention import (
 from .rope import RotaryEmbedding
 
 __all__ = ["RoPEAttention", "RoPECache", "FoXAttention"]
-
-
-def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, H, n, D] -> [B, H * groups, n, D]: query head h reads key/value head h // groups."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 class RoPECache:
@@ -78,21 +74,23 @@ class RoPEAttention(AttentionProjections):
     """Causal softmax attention with rotary embeddings (base `rope_base`) on the head dim.
 
     Args as `PaTHAttention` where meaningful: hidden_size, num_heads, num_kv_heads,
-    head_dim (even), qk_norm (applied before the rotation), bias, norm_eps; rope_base.
+    head_dim (even), qk_norm (applied before the rotation), bias, norm_eps, o_bias;
+    rope_base.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, qk_norm: bool = False, bias: bool = False,
-                 norm_eps: float = 1e-6, rope_base: float = 10000.0):
+                 norm_eps: float = 1e-6, rope_base: float = 10000.0,
+                 o_bias: bool | None = None):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, bias,
-                         norm_eps)
+                         norm_eps, o_bias)
         self.rope = RotaryEmbedding(self.head_dim, rope_base)
 
     def _attend(self, q, k, v, allowed: torch.Tensor) -> torch.Tensor:
         """q [B, T, HQ, D]; k, v [B, H, n, D] (k rotated); allowed bool [B or 1, 1, T, n].
         Returns o [B, T, HQ, D]."""
         groups = self.num_heads // self.num_kv_heads
-        k, v = _expand_kv(k, groups), _expand_kv(v, groups)  # [B, HQ, n, D]
+        k, v = expand_kv_heads(k, groups), expand_kv_heads(v, groups)  # [B, HQ, n, D]
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=allowed)
         return o.transpose(1, 2)  # [B, T, HQ, D]
 
@@ -164,15 +162,16 @@ class FoXAttention(AttentionProjections):
     run as PaTH attention with identity transforms (w = 0, beta = 0).
 
     Args as `PaTHAttention` where meaningful: hidden_size, num_heads, num_kv_heads,
-    head_dim, qk_norm, bias, norm_eps. The forget-gate bias starts at U(1, 5) as PaTH-FoX.
-    The cache of prefill / decode is the op's `PaTHCache` (reorder and truncate included).
+    head_dim, qk_norm, bias, norm_eps, o_bias. The forget-gate bias starts at U(1, 5) as
+    PaTH-FoX. The cache of prefill / decode is the op's `PaTHCache` (reorder and truncate
+    included).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int | None = None,
                  head_dim: int | None = None, qk_norm: bool = False, bias: bool = False,
-                 norm_eps: float = 1e-6):
+                 norm_eps: float = 1e-6, o_bias: bool | None = None):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, bias,
-                         norm_eps)
+                         norm_eps, o_bias)
         self.g_proj = nn.Linear(self.hidden_size, self.num_heads, bias=True)
         init_forget_gate_bias(self.g_proj.bias)
 

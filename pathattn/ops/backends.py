@@ -155,10 +155,9 @@ def _triton_refuses(q: torch.Tensor) -> str | None:
 
 
 def _triton_attention(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
-    from .triton import path_attn_triton
+    from .triton import run_kernels
 
-    return path_attn_triton(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens,
-                            block_size=block_size)
+    return run_kernels(q, k, v, w, beta, g, scale, cu_seqlens, block_size)
 
 
 # auto takes Triton for CUDA tensors only (the interpreter is for tests)

@@ -47,7 +47,8 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
         block_size: block length C of the blockwise algorithm, at most 1024 (default 128;
             the longest sequence rounded up to a multiple of 16 when that is shorter; the
             UT transform itself runs on sub-blocks of at most 64 tokens). With
-            backend="triton": a power of two in [16, 128] (default 64, 32 when D > 128).
+            backend="triton": a power of two in [16, 128], default the largest whose
+            kernels fit the device's shared memory (`pathattn.ops.triton.config`).
         backend: "auto", or a registered backend: "cpu" (the blockwise algorithm with
             fused C++ kernels), "torch" (the same in PyTorch ops), "triton" (CUDA; on CPU
             tensors only under TRITON_INTERPRET=1). "auto" takes triton for CUDA tensors

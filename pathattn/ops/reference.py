@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from .stages import expand_kv_heads
+
 __all__ = ["path_attn_naive", "path_attn_full_matrix"]
 
 
@@ -35,11 +37,6 @@ def _segments(T: int, B: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int
         return [(b, 0, T) for b in range(B)]
     bounds = [int(x) for x in cu_seqlens.tolist()]
     return [(0, s, e) for s, e in zip(bounds[:-1], bounds[1:], strict=True) if e > s]
-
-
-def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[T, H, ...] -> [T, H * groups, ...]: query head h reads key/value head h // groups."""
-    return x.repeat_interleave(groups, dim=1)
 
 
 def _softmax_out(logits: torch.Tensor, G: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
@@ -70,7 +67,7 @@ def _run(one_sequence, q, k, v, w, beta, g, scale, cu_seqlens, dtype):
         qs, ks, vs, ws = (cast(x[b, s:e]) for x in (q, k, v, w))
         bs = cast(beta[b, s:e])
         G = None if g is None else torch.cumsum(cast(g[b, s:e]), dim=0)  # [L, HQ]
-        ks, vs, ws, bs = (_expand_kv(x, groups) for x in (ks, vs, ws, bs))
+        ks, vs, ws, bs = (expand_kv_heads(x, groups) for x in (ks, vs, ws, bs))
         logits = one_sequence(qs, ks, ws, bs) * scale  # [HQ, L, L]
         pieces.append(((b, s, e), _softmax_out(logits, G, vs)))
     # assemble without in-place writes so that autograd flows through every piece

@@ -22,8 +22,9 @@ import torch
 from .gates import BlockGates, block_gates
 from .layout import BlockLayout, from_blocks, to_blocks
 
-__all__ = ["compute_dtype", "default_scale", "kv_blocks", "row_blocks", "rows_to_tokens",
-           "kv_tokens", "ut_blocks", "BlockInputs", "block_inputs", "suffix_transitions"]
+__all__ = ["compute_dtype", "default_scale", "expand_kv_heads", "kv_blocks", "row_blocks",
+           "rows_to_tokens", "kv_tokens", "ut_blocks", "BlockInputs", "block_inputs",
+           "suffix_transitions"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -35,6 +36,12 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def default_scale(D: int, scale: float | None) -> float:
     """The logit scale: `scale` as a float, D ** -0.5 when None."""
     return D**-0.5 if scale is None else float(scale)
+
+
+def expand_kv_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Key/value heads on dim 1 -> query heads: [N, H, ...] -> [N, H * groups, ...], query
+    head h reading key/value head h // groups (GQA / MQA; groups = HQ // H)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 def kv_blocks(x: torch.Tensor, lay: BlockLayout, cd: torch.dtype) -> torch.Tensor:

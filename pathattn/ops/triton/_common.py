@@ -16,7 +16,8 @@ import triton.language as tl
 
 from ..layout import sequence_bounds
 
-__all__ = ["block_table", "interpreting", "tile_kwargs", "device_fn"]
+__all__ = ["block_table", "interpreting", "tile_kwargs", "device_fn", "tile_offsets",
+           "row_offsets", "e_offsets"]
 
 
 def interpreting() -> bool:
@@ -54,17 +55,41 @@ def tile_kwargs(D: int, Dv: int) -> dict:
     return {"BD": max(16, triton.next_power_of_2(D)), "BDV": max(16, triton.next_power_of_2(Dv))}
 
 
+# Offsets that grow with the number of tokens are formed in int64: B * T * H * D elements
+# pass 2**31 long before the token count does (e.g. 2**24 tokens x 8 heads x 16 dims), and an
+# int32 product would wrap around. Every token-indexed load and store of the kernels goes
+# through these three helpers.
+
+
+@device_fn
+def tile_offsets(rows, stride, col0, cols):
+    """int64 offsets of x[rows, col0 + cols] ([R, C]); stride is the row stride."""
+    return rows.to(tl.int64)[:, None] * stride + col0 + cols[None, :]
+
+
+@device_fn
+def row_offsets(rows, stride, col):
+    """int64 offsets of x[rows, col] ([R]), e.g. beta [N, H] or lse [N, HQ]."""
+    return rows.to(tl.int64) * stride + col
+
+
+@device_fn
+def e_offsets(blk, h, H, rows, cols, BD: tl.constexpr):
+    """int64 offsets of E[blk, h, rows, cols] in the segment products [NB, H, BD, BD]."""
+    return (blk * H + h).to(tl.int64) * BD * BD + rows[:, None] * BD + cols[None, :]
+
+
 @device_fn
 def load_tile(ptr, rows, rmask, stride, col0, cols, cmask):
     """x[rows, col0 + cols] as float32 (zero where masked); stride is the row stride."""
-    offs = rows.to(tl.int64)[:, None] * stride + col0 + cols[None, :]
+    offs = tile_offsets(rows, stride, col0, cols)
     return tl.load(ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
 
 
 @device_fn
 def tile_ptrs(ptr, rows, stride, col0, cols):
     """Pointers of x[rows, col0 + cols]."""
-    return ptr + rows.to(tl.int64)[:, None] * stride + col0 + cols[None, :]
+    return ptr + tile_offsets(rows, stride, col0, cols)
 
 
 @device_fn

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import device_fn, load_tile, mm, mm_lp, tile_ptrs
+from ._common import device_fn, e_offsets, load_tile, mm, mm_lp, row_offsets, tile_ptrs
 from .fwd import apply_transition, key_block_logits, query_block_start
 
 __all__ = ["segment_products", "bwd_scan"]
@@ -39,9 +39,10 @@ __all__ = ["segment_products", "bwd_scan"]
 
 @triton.jit
 def _seg_kernel(w_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
-                BD: tl.constexpr, PREC: tl.constexpr):
+                BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr):
     blk = tl.program_id(0)
     h = tl.program_id(1)
+    r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
     t0 = tl.load(table_ptr + blk * 3)
     s0 = tl.load(table_ptr + blk * 3 + 1)
     s1 = tl.load(table_ptr + blk * 3 + 2)
@@ -51,22 +52,27 @@ def _seg_kernel(w_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
     cols = tl.arange(0, BD)
     cmask = cols < D
     cbt = tl.arange(0, BT)
-    E = tl.where(cols[:, None] == cols[None, :], 1.0, 0.0)  # [BD, BD]
+    rr = r0 + tl.arange(0, BR)
+    # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U
+    E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
     for i in range(0, e - c):  # blocks e, e-1, ..., c+1
         kr = s0 + (e - i) * BT + cbt
         kmask = kr < s1
         Wb = load_tile(w_ptr, kr, kmask, H * D, h * D, cols, cmask)
         Ub = load_tile(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
         E = E - mm(mm(E, tl.trans(Wb), PREC), Ub, PREC)
-    eoffs = (blk * H + h).to(tl.int64) * BD * BD + cols[:, None] * BD + cols[None, :]
-    tl.store(e_ptr + eoffs, E)
+    tl.store(e_ptr + e_offsets(blk, h, H, rr, cols, BD), E)
 
 
-def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str) -> torch.Tensor:
-    """E [NB, H, BD, BD] float32 (see the module docstring)."""
+def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str,
+                     launch: dict | None = None) -> torch.Tensor:
+    """E [NB, H, BD, BD] float32 (see the module docstring); one program per block, head
+    and group of min(BD, BT) rows of E."""
     H, D = w.shape[1], w.shape[2]
+    BR = min(BD, BT)
     e = torch.empty(table.shape[0], H, BD, BD, dtype=torch.float32, device=w.device)
-    _seg_kernel[(table.shape[0], H)](w, u, e, table, H, D, seg, BT=BT, BD=BD, PREC=prec)
+    _seg_kernel[(table.shape[0], H, BD // BR)](w, u, e, table, H, D, seg, BT=BT, BD=BD, BR=BR,
+                                               PREC=prec, **(launch or {}))
     return e
 
 
@@ -89,7 +95,7 @@ def _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, 
     tl.atomic_add(tile_ptrs(dkt_ptr, kr, H * D, h * D, cols),
                   mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :])
     if HAS_G:
-        tl.atomic_add(dcol_ptr + kr.to(tl.int64) * HQ + hq, tl.sum(dS, axis=0))
+        tl.atomic_add(dcol_ptr + row_offsets(kr, HQ, hq), tl.sum(dS, axis=0))
     if c > 0:  # Pt_c acted on x^(c) (g^(c-1) is zero for c == 0)
         Wc = load_tile(w_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
         Uc = load_tile(u_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
@@ -106,7 +112,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
                 lse_ptr, delta_ptr, dqt_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                 dcol_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-                DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+                BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
     blk = tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // G
@@ -123,8 +129,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
     xa, S, gq = query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
                                   hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC)
     dO = load_tile(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
-    lse = tl.load(lse_ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=0.0)
-    delta = tl.load(delta_ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=0.0)
+    lse = tl.load(lse_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
+    delta = tl.load(delta_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
     a = (t0 - s0) // BT  # local index of the query block
     sa = a // SEG  # its segment
     blk0 = blk - a  # table row of the sequence's first block
@@ -138,12 +144,12 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
         y = ytop
         for i in range(0, sa - 1 - sc):  # down to the last block of segment sc
             f = (sa - 1 - i) * SEG  # first block of segment sa - 1 - i
-            y = mm(y, _load_e(e_ptr, blk0 + f, h, H, cols, BD), PREC)
+            y = _times_e(y, e_ptr, blk0 + f, h, H, cols, BD, BK, PREC)
             y = apply_transition(y, w_ptr, u_ptr, s0 + f * BT + cbt, h, H, D, cols, cmask,
                                  PREC)
         for j in range(0, SEG):
             c = sc * SEG + j
-            x = mm(y, _load_e(e_ptr, blk0 + c, h, H, cols, BD), PREC)
+            x = _times_e(y, e_ptr, blk0 + c, h, H, cols, BD, BK, PREC)
             g = _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr,
                                  v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                                  dcol_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G, BT,
@@ -164,32 +170,46 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
     tl.atomic_add(tile_ptrs(dv_ptr, rows, H * DV, h * DV, vcols),
                   mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=rmask[:, None] & vmask[None, :])
     if HAS_G:
-        tl.atomic_add(dcol_ptr + rows.to(tl.int64) * HQ + hq, tl.sum(dS, axis=0), mask=rmask)
+        tl.atomic_add(dcol_ptr + row_offsets(rows, HQ, hq), tl.sum(dS, axis=0), mask=rmask)
     tl.store(tile_ptrs(dqt_ptr, rows, HQ * D, hq * D, cols), g,
              mask=rmask[:, None] & cmask[None, :])
     tl.store(tile_ptrs(dsd_ptr, rows, HQ * BT, hq * BT, cbt), dS, mask=rmask[:, None])
 
 
 @device_fn
-def _load_e(e_ptr, blk, h, H, cols, BD: tl.constexpr):
-    """E of table row blk, head h: [BD, BD]."""
-    offs = (blk * H + h).to(tl.int64) * BD * BD + cols[:, None] * BD + cols[None, :]
-    return tl.load(e_ptr + offs)
+def _times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
+             PREC: tl.constexpr):
+    """y E for E of table row blk, head h ([BD, BD]), over BK rows of E at a time:
+    y E = sum_k y[:, k] E[k, :], the column slice y[:, k] taken by a product with a 0/1
+    selection matrix (exact: one nonzero term per output). A [BD, BD] float32 operand would
+    need BD * BD * 4 bytes of shared memory (256 KiB at BD = 256)."""
+    if BK == BD:
+        return mm(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), PREC)
+    ck = tl.arange(0, BK)
+    x = tl.zeros(y.shape, dtype=tl.float32)
+    for k0 in range(0, BD, BK):
+        sel = tl.where(cols[:, None] == k0 + ck[None, :], 1.0, 0.0)  # [BD, BK]
+        Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
+        x += mm(mm(y, sel, PREC), Ek, PREC)
+    return x
 
 
 def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: int, BT: int,
-             BD: int, BDV: int, dt, prec: str, emulate: bool):
+             BD: int, BDV: int, dt, prec: str, emulate: bool, BK: int,
+             launch: dict | None = None, seg_launch: dict | None = None):
     """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv], lse and
     delta = rowsum(dO * O) [N, HQ] (float32).
 
     Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
     per query head), dv, dkt, du, dwp (float32, [N, H, Dv] / [N, H, D]) and the gate column
-    sums dcol [N, HQ] (None without gates).
+    sums dcol [N, HQ] (None without gates). BK: rows of a segment product E read at a time
+    (a divisor of BD); launch / seg_launch: num_warps / num_stages of the scan and of
+    `segment_products`.
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
     f32 = {"dtype": torch.float32, "device": q.device}
-    e = segment_products(w, u, table, seg, BT, BD, prec)
+    e = segment_products(w, u, table, seg, BT, BD, prec, seg_launch)
     dqt = torch.empty(N, HQ, D, **f32)
     dsd = torch.empty(N, HQ, BT, **f32)
     dv = torch.zeros(N, H, Dv, **f32)
@@ -198,6 +218,6 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
     _bwd_kernel[(table.shape[0], HQ)](
         q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, dsd, dv,
         dkt, du, dwp, dcol if dcol is not None else lse, table, scale, seg, HQ, H, D, Dv,
-        G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec,
-        EMULATE=emulate)
+        G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
+        EMULATE=emulate, **(launch or {}))
     return dqt, dsd, dv, dkt, du, dwp, dcol

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import device_fn, load_tile, mm, mm_lp, tile_ptrs
+from ._common import device_fn, load_tile, mm, mm_lp, row_offsets, tile_ptrs
 
 __all__ = ["fwd_scan"]
 
@@ -44,7 +44,7 @@ def query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
     S = mm(Q, tl.trans(K), PREC) - mm(QW, M, PREC)
     gq = tl.zeros([BT], dtype=tl.float64)
     if HAS_G:
-        gq = tl.load(g_ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=0.0)
+        gq = tl.load(g_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
         S += (gq[:, None] - gq[None, :]).to(tl.float32)
     keep = (cbt[:, None] >= cbt[None, :]) & rmask[None, :]
     S = tl.where(keep, S, float("-inf"))
@@ -60,7 +60,7 @@ def key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols, cm
     Kt = load_tile(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
-        gk = tl.load(g_ptr + kr.to(tl.int64) * HQ + hq, mask=kmask, other=0.0)
+        gk = tl.load(g_ptr + row_offsets(kr, HQ, hq), mask=kmask, other=0.0)
         S += (gq[:, None] - gk[None, :]).to(tl.float32)
     return S, Kt
 
@@ -115,11 +115,11 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, 
     o = acc / l_i[:, None]
     tl.store(tile_ptrs(o_ptr, rows, HQ * DV, hq * DV, vcols), o,
              mask=rmask[:, None] & vmask[None, :])
-    tl.store(lse_ptr + rows.to(tl.int64) * HQ + hq, m_i + tl.log(l_i), mask=rmask)
+    tl.store(lse_ptr + row_offsets(rows, HQ, hq), m_i + tl.log(l_i), mask=rmask)
 
 
 def fwd_scan(q, k, v, w, u, kt, m, G, table, scale: float, BT: int, BD: int, BDV: int,
-             dt, prec: str, emulate: bool):
+             dt, prec: str, emulate: bool, launch: dict | None = None):
     """q [N, HQ, D]; k, w, u, kt [N, H, D]; v [N, H, Dv]; m [N, H, BT]; G [N, HQ] float64
     cumulative gates or None. Returns o [N, HQ, Dv] (q's dtype) and lse [N, HQ] float32."""
     N, HQ, D = q.shape
@@ -129,6 +129,6 @@ def fwd_scan(q, k, v, w, u, kt, m, G, table, scale: float, BT: int, BD: int, BDV
     grid = (table.shape[0], HQ)
     _fwd_kernel[grid](q, k, v, w, u, kt, m, G if G is not None else lse, o, lse, table, scale,
                       HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
-                      DT=dt, PREC=prec, EMULATE=emulate)
+                      DT=dt, PREC=prec, EMULATE=emulate, **(launch or {}))
     return o, lse
 

@@ -21,20 +21,24 @@ import triton.language as tl
 
 from ..gates import sequence_cumsum
 from ..layout import token_bounds
+from ..stages import default_scale
 from ..validation import check_path_attn_inputs
 from ._common import block_table, interpreting, tile_kwargs
 from .bwd import bwd_scan
+from .config import device_launch_config
 from .fwd import fwd_scan
 from .ut import ut_bwd, ut_fwd
 
-__all__ = ["path_attn_triton", "default_block_size"]
+__all__ = ["path_attn_triton", "run_kernels", "default_block_size"]
 
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def default_block_size(D: int) -> int:
-    """Block length BT of the kernels: 64, or 32 for head dims above 128 (registers)."""
-    return 64 if D <= 128 else 32
+def default_block_size(D: int, Dv: int | None = None, dtype: torch.dtype = torch.float32,
+                       device: torch.device | str = "cpu") -> int:
+    """Block length BT the kernels use for head dims D, Dv and inputs of `dtype` on `device`:
+    the largest whose kernels fit the device's shared memory (`config.launch_config`)."""
+    return device_launch_config(D, D if Dv is None else Dv, dtype, torch.device(device)).BT
 
 
 def _check_block_size(block_size) -> None:
@@ -65,13 +69,15 @@ def _gate_grad(dcol, B, T, cu_seqlens):
                            row_length=T if cu_seqlens is None else None)
 
 
-def _setup(q, block_size: int, seg: int, B, T, cu_seqlens):
+def _setup(q, v, block_size: int, seg: int, B, T, cu_seqlens):
     """Block table, segment length (about sqrt of the blocks per sequence unless given),
-    float32 product precision, low-precision operand dtype, interpreter flag."""
+    float32 product precision, low-precision operand dtype, interpreter flag, and the launch
+    configuration (num_warps / num_stages per kernel) of this block size on q's device."""
     table, n_max = block_table(B, T, cu_seqlens, block_size, q.device)
     seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    return table, seg, prec, _TL_DTYPE[q.dtype], interpreting()
+    cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size)
+    return table, seg, prec, _TL_DTYPE[q.dtype], interpreting(), cfg
 
 
 @torch.library.custom_op("pathattn::path_attn_fwd", mutates_args=())
@@ -81,13 +87,14 @@ def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
                   block_size: int, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, HQ, D = q.shape
     Dv = v.shape[-1]
-    table, seg, prec, dt, emulate = _setup(q, block_size, seg, B, T, cu_seqlens)
+    table, seg, prec, dt, emulate, cfg = _setup(q, v, block_size, seg, B, T, cu_seqlens)
     tiles = tile_kwargs(D, Dv)
     qf, kf, vf, wf, bf = (_flat(x) for x in (q, k, v, w, beta))
-    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, tiles["BD"], prec)
+    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, tiles["BD"], prec,
+                      cfg.launch_kwargs("ut_fwd"))
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
     o, lse = fwd_scan(qf, kf, vf, wf, u, kt, m, G, table, scale, block_size, tiles["BD"],
-                      tiles["BDV"], dt, prec, emulate)
+                      tiles["BDV"], dt, prec, emulate, cfg.launch_kwargs("fwd"))
     return o.view(B, T, HQ, Dv), lse.view(B, T, HQ)
 
 
@@ -108,20 +115,22 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """Gradients of (q, k, v, w, beta, g); dg is an empty tensor when g is None."""
     B, T, HQ, D = q.shape
     H, Dv = k.shape[2], v.shape[-1]
-    table, seg, prec, dt, emulate = _setup(q, block_size, seg, B, T, cu_seqlens)
+    table, seg, prec, dt, emulate, cfg = _setup(q, v, block_size, seg, B, T, cu_seqlens)
     tiles = tile_kwargs(D, Dv)
     BD, BDV = tiles["BD"], tiles["BDV"]
     qf, kf, vf, wf, bf = (_flat(x) for x in (q, k, v, w, beta))
     dof = _flat(do)
-    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, BD, prec)
+    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, BD, prec, cfg.launch_kwargs("ut_fwd"))
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
     lsef = _flat(lse)
     delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
     dqt, dsd, dv, dkt, du, dwp, dcol = bwd_scan(qf, kf, vf, wf, u, kt, m, G, dof, lsef, delta,
                                                 table, scale, seg, block_size, BD, BDV, dt,
-                                                prec, emulate)
+                                                prec, emulate, cfg.e_rows(BD),
+                                                cfg.launch_kwargs("bwd"),
+                                                cfg.launch_kwargs("seg"))
     dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, dqt, dsd, dkt, du, dwp, table, scale,
-                               block_size, BD, prec)
+                               block_size, BD, prec, cfg.launch_kwargs("ut_bwd"))
     dg = (q.new_empty(0) if g is None
           else _gate_grad(dcol, B, T, cu_seqlens).to(g.dtype).view(g.shape))
     return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv),
@@ -157,7 +166,9 @@ def path_attn_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
                      block_size=None, seg: int = 0) -> torch.Tensor:
     """`pathattn.path_attn` on the Triton kernels (same arguments and result).
 
-    block_size: None (64, or 32 when D > 128) or a power of two in [16, 128].
+    block_size: None (the largest block length whose kernels fit the device's shared memory,
+    see `pathattn.ops.triton.config`) or a power of two in [16, 128]; on a GPU a block size
+    whose kernels do not fit raises a ValueError naming the largest that does.
     seg: blocks per segment of the backward's state recomputation (0: about sqrt of the
     number of blocks); a tuning and testing knob, the result does not depend on it.
     Inputs must be float32, bfloat16 or float16 (float64 stays on the PyTorch path).
@@ -167,10 +178,22 @@ def path_attn_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
         raise ValueError("backend='triton' computes in float32: float64 inputs need "
                          "backend='torch'")
     B, T, HQ, D = q.shape
-    block_size = default_block_size(D) if block_size is None else block_size
-    _check_block_size(block_size)
-    scale = D**-0.5 if scale is None else float(scale)
     if B * T == 0:
+        if block_size is not None:
+            _check_block_size(block_size)
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
+    return run_kernels(q, k, v, w, beta, g, default_scale(D, scale), cu_seqlens, block_size,
+                       seg)
+
+
+def run_kernels(q, k, v, w, beta, g, scale: float, cu_seqlens, block_size, seg: int = 0
+                ) -> torch.Tensor:
+    """The kernels on inputs already validated (the "triton" entry of
+    `pathattn.ops.backends`; `path_attn_triton` checks first): B * T > 0, float32 /
+    bfloat16 / float16, scale a float. Returns o [B, T, HQ, Dv]."""
+    if block_size is not None:
+        _check_block_size(block_size)
+    block_size = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device,
+                                      block_size).BT
     o, _ = path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
     return o

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import device_fn, load_tile, mm, tile_ptrs
+from ._common import device_fn, load_tile, mm, row_offsets, tile_ptrs
 
 __all__ = ["ut_fwd", "ut_bwd"]
 
@@ -74,7 +74,7 @@ def _ut_fwd_kernel(k_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, table_ptr, H, D
     cbt = tl.arange(0, BT)
     W = load_tile(w_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
     K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    b = tl.load(beta_ptr + rows.to(tl.int64) * H + h, mask=rmask, other=0.0).to(tl.float32)
+    b = tl.load(beta_ptr + row_offsets(rows, H, h), mask=rmask, other=0.0).to(tl.float32)
     X, A, N, E = _block_ut(W, K, b, BT, PREC)
     U = mm(A, W, PREC)
     M = mm(A, N, PREC)
@@ -86,14 +86,15 @@ def _ut_fwd_kernel(k_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, table_ptr, H, D
 
 
 def ut_fwd(k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, table: torch.Tensor, BT: int,
-           BD: int, prec: str):
-    """k, w [N, H, D], beta [N, H] -> U, K~ [N, H, D] and M [N, H, BT] (float32)."""
+           BD: int, prec: str, launch: dict | None = None):
+    """k, w [N, H, D], beta [N, H] -> U, K~ [N, H, D] and M [N, H, BT] (float32).
+    launch: num_warps / num_stages (`config.LaunchConfig.launch_kwargs`)."""
     N, H, D = k.shape
     u = torch.empty(N, H, D, dtype=torch.float32, device=k.device)
     kt = torch.empty_like(u)
     m = torch.empty(N, H, BT, dtype=torch.float32, device=k.device)
     _ut_fwd_kernel[(table.shape[0], H)](k, w, beta, u, kt, m, table, H, D, BT=BT, BD=BD,
-                                        PREC=prec)
+                                        PREC=prec, **(launch or {}))
     return u, kt, m
 
 
@@ -110,7 +111,7 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_
     strict = cbt[:, None] > cbt[None, :]
     W = load_tile(w_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
     K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    b = tl.load(beta_ptr + rows.to(tl.int64) * H + h, mask=rmask, other=0.0).to(tl.float32)
+    b = tl.load(beta_ptr + row_offsets(rows, H, h), mask=rmask, other=0.0).to(tl.float32)
     X, A, N, E = _block_ut(W, K, b, BT, PREC)
     U = mm(A, W, PREC)
     M = mm(A, N, PREC)
@@ -155,11 +156,11 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_
     smask = rmask[:, None] & cmask[None, :]
     tl.store(tile_ptrs(dk_ptr, rows, H * D, h * D, cols), dK, mask=smask)
     tl.store(tile_ptrs(dw_ptr, rows, H * D, h * D, cols), dW, mask=smask)
-    tl.store(dbeta_ptr + rows.to(tl.int64) * H + h, db, mask=rmask)
+    tl.store(dbeta_ptr + row_offsets(rows, H, h), db, mask=rmask)
 
 
 def ut_bwd(q, k, w, beta, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
-           prec: str):
+           prec: str, launch: dict | None = None):
     """Gradients of the UT inputs. q [N, HQ, D], k, w [N, H, D], beta [N, H] (inputs);
     dqt [N, HQ, D] and dsd [N, HQ, BT] the gradients of Q~ and S per query head; dkt, du, dwp
     [N, H, D] those of K~, U and the direct W term of the transitions (float32).
@@ -174,5 +175,5 @@ def ut_bwd(q, k, w, beta, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, 
     dbeta = torch.empty_like(beta)
     _ut_bwd_kernel[(table.shape[0], H)](
         q, k, w, beta, dqt, dsd, dkt, du, dwp, dq, dk, dw, dbeta, table, scale, HQ, H, D,
-        G=HQ // H, BT=BT, BD=BD, PREC=prec)
+        G=HQ // H, BT=BT, BD=BD, PREC=prec, **(launch or {}))
     return dq, dk, dw, dbeta

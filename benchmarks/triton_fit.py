@@ -1,0 +1,137 @@
+"""Do pathattn's Triton kernels fit real GPUs? Compile them ahead of time and check.
+
+Runs on any machine, GPU or not: Triton's compiler and ptxas ship in its wheel. Every kernel
+of a forward + backward (UT transform, forward scan, segment products, backward scan, UT
+backward) is compiled for sm_80 (A100, 166,912 B of shared memory per block) and sm_90
+(H100, 232,448 B) with the launch configuration `pathattn.ops.triton.config.launch_config`
+picks there, and its shared memory per program compared with the device's limit. Prints a
+markdown table (kernel, head dim, dtype, block size, shared memory on sm_80 / sm_90, and with
+--ptxas registers and spills) and exits with status 1 when a kernel does not compile or does
+not fit.
+
+    python benchmarks/triton_fit.py --quick     # CI: D in {64, 128, 256}, fp32 and bf16,
+                                                #     default block sizes (about a minute)
+    python benchmarks/triton_fit.py             # D 16 ... 256 (48, 80, 96, 160, 192 too),
+                                                #     fp32 / bf16 / fp16, gates on and off,
+                                                #     every block size the launcher accepts
+    python benchmarks/triton_fit.py --quick --ptxas   # + registers and spills (ptxas:
+                                                      #   20 s to minutes per kernel)
+    python benchmarks/triton_fit.py --table     # remeasure config.SHARED_BYTES
+
+Shared memory is read after Triton's shared-memory allocation pass, which runs on the TTGIR
+at the start of the LLVM-IR stage: about 0.3 s per kernel instead of the 5-60 s the LLVM
+optimizer and ptxas take (`pathattn.ops.triton.fit` explains the stages; with --ptxas both
+numbers are computed and must agree). Packed sequences (cu_seqlens) run the same kernels as
+dense batches, and head dims sharing a padded dim (48 and 64; 80, 96 and 128; 160, 192 and
+256) the same specialization, so each is compiled once and listed under the first head dim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# The interpreter replaces kernels by Python functions: compile with it off.
+os.environ["TRITON_INTERPRET"] = "0"
+
+import torch  # noqa: E402
+
+from pathattn.ops.triton import fit  # noqa: E402
+
+_DT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _rows(fits: list, by_block_size: bool) -> list[str]:
+    """One markdown row per specialization, sm_80 and sm_90 side by side: the default block
+    size of each device, or (by_block_size) one row per block size."""
+    by_key: dict = {}
+    for f in fits:
+        key = (f.kernel, f.D, f.dtype, f.gates, f.G) + ((f.BT,) if by_block_size else ())
+        by_key.setdefault(key, {})[f.capability] = f
+    rows = ["| kernel | D | dtype | gates | G | BT sm_80 / sm_90 | stages | shared B sm_80 "
+            "| shared B sm_90 | regs sm_80 / sm_90 | spills B sm_80 / sm_90 | fits |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (kernel, D, dtype, gates, G, *_), per in by_key.items():
+        a, h = per.get(80), per.get(90)
+
+        def cell(f, attr):
+            return "-" if f is None or getattr(f, attr) is None else str(getattr(f, attr))
+
+        ok = all(f.fits for f in per.values())
+        rows.append(
+            f"| {kernel} | {D} | {_DT[dtype]} | {'on' if gates else 'off'} | {G} "
+            f"| {cell(a, 'BT')} / {cell(h, 'BT')} "
+            f"| {cell(a, 'num_stages')} / {cell(h, 'num_stages')} "
+            f"| {cell(a, 'shared')} | {cell(h, 'shared')} "
+            f"| {cell(a, 'regs')} / {cell(h, 'regs')} | {cell(a, 'spills')} / {cell(h, 'spills')} "
+            f"| {'yes' if ok else 'NO'} |")
+    return rows
+
+
+def _table() -> int:
+    """Print `config.SHARED_BYTES` as measured now, in the layout of config.py."""
+    print("SHARED_BYTES = {")
+    for cap in (80, 90):
+        t0 = time.time()
+        table = fit.measure_shared_table(cap)
+        print(f"    {cap}: {{  # measured in {time.time() - t0:.0f} s")
+        for BD, row in table.items():
+            print(f"        {BD}: {{")
+            for bt, values in row.items():
+                print(f"            {bt}: ({', '.join(map(str, values))}),")
+            print("        },")
+        print("    },")
+    print("}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="D in {64, 128, 256}, fp32 and bf16, gates on, default block sizes")
+    p.add_argument("--ptxas", action="store_true",
+                   help="run LLVM and ptxas too: registers and spills (minutes per kernel)")
+    p.add_argument("--devices", default="sm_80,sm_90", help="comma-separated: sm_80, sm_90")
+    p.add_argument("--table", action="store_true",
+                   help="measure and print config.SHARED_BYTES instead")
+    args = p.parse_args(argv)
+    if args.table:
+        return _table()
+    grid = fit.QUICK if args.quick else fit.FULL
+    devices = tuple(args.devices.split(","))
+    stage = "cubin" if args.ptxas else "shared"
+    t0 = time.time()
+
+    def progress(f):
+        regs = "" if f.regs is None else f" regs {f.regs} spills {f.spills}"
+        print(f"  sm_{f.capability} {f.kernel:6s} D{f.D:<3d} {_DT[f.dtype]} BT{f.BT} G{f.G} "
+              f"stages {f.num_stages} shared {f.shared}{regs}"
+              + ("" if f.fits else "  > limit"), file=sys.stderr, flush=True)
+
+    errors: list = []
+    fits = fit.run_checks(grid, devices, stage, all_block_sizes=not args.quick,
+                          progress=progress, errors=errors)
+    failures = [f for f in fits if not f.fits]
+    print(f"Triton kernels compiled for {', '.join(devices)} "
+          f"({'quick' if args.quick else 'full'} set, stage {stage!r}, "
+          f"{len(fits)} compilations, {time.time() - t0:.0f} s)\n")
+    print("\n".join(_rows(fits, by_block_size=not args.quick)))
+    shared = {}
+    for D in grid["D"]:
+        shared.setdefault(max(16, 1 << (D - 1).bit_length()), []).append(D)
+    groups = [", ".join(map(str, ds)) for ds in shared.values() if len(ds) > 1]
+    if groups:
+        print("\nHead dims sharing a row (same padded dim, same compiled kernels): "
+              + "; ".join(groups))
+    for f in failures:
+        print(f"\nDOES NOT FIT: {f.kernel} D={f.D} {_DT[f.dtype]} BT={f.BT} sm_{f.capability}: "
+              f"{f.shared} > {f.limit} bytes")
+    for what, e in errors:
+        print(f"\nDOES NOT COMPILE: {what}: {type(e).__name__}: {str(e)[:500]}")
+    return 1 if failures or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
