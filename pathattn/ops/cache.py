@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import torch
 
+from .stages import chain_suffix_products
 from .ut import block_ut
 
 __all__ = ["PaTHCache", "Transition", "key_transforms"]
@@ -105,10 +106,7 @@ def key_transforms(k: torch.Tensor, w: torch.Tensor,
     qb = kb.new_empty(B * H * nb, 1, 0, C, D)  # no query rows: only K~ and Pt are needed
     ut = block_ut(qb, kb, wb, bb, 1.0)
     pt = ut.pt.view(B, H, nb, D, D)
-    R = torch.empty_like(pt)  # R[b] = P_{b+1} ... P_{nb-1}
-    R[:, :, nb - 1] = eye
-    for b in range(nb - 2, -1, -1):
-        torch.matmul(pt[:, :, b + 1].mT, R[:, :, b + 1], out=R[:, :, b])
+    R = chain_suffix_products(pt)  # R[b] = P_{b+1} ... P_{nb-1}
     M = pt[:, :, 0].mT @ R[:, :, 0]
     kn = ut.kt.view(B, H, nb, C, D) @ R  # [B, H, nb, C, D]
     return kn.view(B, H, nb * C, D)[:, :, :n], M

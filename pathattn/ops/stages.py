@@ -24,7 +24,7 @@ from .layout import BlockLayout, from_blocks, to_blocks
 
 __all__ = ["compute_dtype", "default_scale", "expand_kv_heads", "kv_blocks", "row_blocks",
            "rows_to_tokens", "kv_tokens", "ut_blocks", "BlockInputs", "block_inputs",
-           "suffix_transitions"]
+           "suffix_transitions", "chain_suffix_products"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -106,6 +106,18 @@ def block_inputs(q, k, v, w, beta, g, lay: BlockLayout) -> BlockInputs:
     qb, kb, wb, bb = ut_blocks(q, k, w, beta, lay, cd)
     gates = None if g is None else block_gates(g.reshape(B * T, HQ), lay, H)
     return BlockInputs(qb, kb, wb, bb, kv_blocks(v, lay, cd), gates)
+
+
+def chain_suffix_products(pt: torch.Tensor) -> torch.Tensor:
+    """The same suffix products for a dense chain of blocks: pt [..., nb, D, D] (block b's
+    row-form transition) -> R [..., nb, D, D] with R_b = Pt_{b+1}^T R_{b+1}, R_{nb-1} = I
+    (`pathattn.ops.cache.key_transforms`)."""
+    nb, D = pt.shape[-3], pt.shape[-1]
+    R = torch.empty_like(pt)
+    R[..., nb - 1, :, :] = torch.eye(D, dtype=pt.dtype, device=pt.device)
+    for b in range(nb - 2, -1, -1):
+        torch.matmul(pt[..., b + 1, :, :].mT, R[..., b + 1, :, :], out=R[..., b, :, :])
+    return R
 
 
 def suffix_transitions(lay: BlockLayout, pt: torch.Tensor) -> torch.Tensor:
