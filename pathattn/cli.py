@@ -349,6 +349,17 @@ def _add_text_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(run=run)
 
 
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    """convert: a pretrained RoPE model into PaTH by distillation (`pathattn.convert`)."""
+    from .convert.cli import HELP, add_convert_arguments, run_convert
+    from .convert.cli import __doc__ as convert_doc
+
+    p = sub.add_parser("convert", help=HELP, description=convert_doc,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_convert_arguments(p)
+    p.set_defaults(run=run_convert)
+
+
 # `pathattn eval <name>`: name -> module with HELP, add_arguments(p) and run(args, parser)
 EVAL_COMMANDS = {
     "ppl": "pathattn.evaluation.ppl_cli",
@@ -387,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_layers(sub)
     _add_text_commands(sub)
+    _add_convert(sub)
     _add_eval_commands(sub)
     return parser
 

@@ -11,7 +11,8 @@ layer of every block is chosen by `attn_type`:
     "fox"       FoXAttention (Forgetting Transformer baseline)
 
 `w_rank`, `conv_size` and `beta_max` are read by the PaTH types only, `rope_theta` by
-"rope" only; `qk_norm` by all four.
+"rope" only; `qk_norm`, `qkv_bias` and `o_bias` by all four (the biases default to off,
+LLaMA's layout; Qwen2-style models converted by `pathattn.convert` set `qkv_bias`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any
+
+from ..ops.backends import check_backend_name
 
 __all__ = ["ModelConfig", "PRESETS", "ATTN_TYPES"]
 
@@ -90,6 +93,11 @@ class ModelConfig:
         beta_max: PaTH's beta = beta_max * sigmoid(.), in (0, 2]; use < 2 for bf16.
         rope_theta: RoPE base ("rope").
         initializer_range: std of the normal init of linear and embedding weights.
+        qkv_bias: biases on the q, k and v projections (Qwen2; LLaMA's attention_bias).
+        o_bias: a bias on the output projection (LLaMA's attention_bias).
+        backend: the PaTH op's backend ("auto", "cpu", "torch", "triton";
+            `pathattn.ops.backends`); read by the PaTH types. Every backend computes the
+            same function (up to rounding), so weights move freely between them.
     """
 
     vocab_size: int = 32000
@@ -109,6 +117,9 @@ class ModelConfig:
     beta_max: float = 2.0
     rope_theta: float = 10000.0
     initializer_range: float = 0.02
+    qkv_bias: bool = False
+    o_bias: bool = False
+    backend: str = "auto"
 
     def __post_init__(self):
         self.validate()
@@ -134,11 +145,12 @@ class ModelConfig:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if not _is_real(self.beta_max) or not 0 < self.beta_max <= 2:
             raise ValueError(f"beta_max must be a number in (0, 2], got {self.beta_max!r}")
-        for name in ("tie_word_embeddings", "qk_norm"):
+        for name in ("tie_word_embeddings", "qk_norm", "qkv_bias", "o_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
+        check_backend_name(self.backend)
         HQ, H = self.num_attention_heads, self.kv_heads
         if HQ % H:
             raise ValueError(f"num_key_value_heads={H} must divide num_attention_heads={HQ} "

@@ -56,11 +56,12 @@ def make_attention(config: ModelConfig) -> nn.Module:
     """The attention layer of `config.attn_type`, with the config's sizes."""
     common = dict(hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
                   num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
-                  qk_norm=config.qk_norm, norm_eps=config.rms_norm_eps)
+                  qk_norm=config.qk_norm, norm_eps=config.rms_norm_eps,
+                  bias=config.qkv_bias, o_bias=config.o_bias)
     if config.attn_type in ("path", "path_fox"):
         return PaTHAttention(**common, w_rank=config.w_rank, conv_size=config.conv_size,
                              use_forget_gate=config.attn_type == "path_fox",
-                             beta_max=config.beta_max)
+                             beta_max=config.beta_max, backend=config.backend)
     if config.attn_type == "rope":
         return RoPEAttention(**common, rope_base=config.rope_theta)
     if config.attn_type == "fox":

@@ -18,6 +18,11 @@ batches of the val split, in stored order) and perplexity exp(loss), as "val_los
 "val_ppl" in eval.jsonl and metrics.json (the final evaluation covers at most
 `final_eval_batches` batches: by default the whole split of a CPU-sized corpus).
 
+`init` (`pathattn pretrain --init DIR`) starts from the weights of a Hugging Face export
+folder (a `PaTHForCausalLM`: a `pathattn pretrain` or `pathattn convert` output) instead of
+a random init, with that folder's model config: continued pretraining, e.g. the third
+stage of a conversion (`pathattn.convert`).
+
 At the end `export_hf` writes `out_dir/hf/`: `save_pretrained` of the model as a
 `PaTHForCausalLM` plus the tokenizer, loadable with `AutoModelForCausalLM` and
 `AutoTokenizer`.
@@ -42,7 +47,8 @@ from .evaluate import autocast_context
 from .loop_config import LoopConfig
 from .workload import Workload, register_workload
 
-__all__ = ["PretrainConfig", "TextSteps", "text_loss", "export_hf"]
+__all__ = ["PretrainConfig", "TextSteps", "text_loss", "export_hf", "init_model_config",
+           "load_init_weights"]
 
 
 @dataclass
@@ -52,7 +58,9 @@ class PretrainConfig(LoopConfig):
     (tokens per row, the training length), batch_size (rows per micro-batch), accum
     (micro-batches per optimizer step), packing ("packed": documents never attend to each
     other, cu_seqlens; "windows": plain windows over the token stream), grad_checkpointing
-    (recompute each block in the backward instead of storing its activations)."""
+    (recompute each block in the backward instead of storing its activations), init (a
+    `PaTHForCausalLM` folder whose weights the model starts from; "" = random init; its
+    config must equal `model`, see `init_model_config`)."""
 
     POSITIVE_INTS = LoopConfig.POSITIVE_INTS + ("seq_len", "batch_size", "accum")
 
@@ -63,6 +71,7 @@ class PretrainConfig(LoopConfig):
     accum: int = 1
     packing: str = "packed"
     grad_checkpointing: bool = False
+    init: str = ""
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup_start_ratio: float = 0.03
@@ -85,6 +94,9 @@ class PretrainConfig(LoopConfig):
                              f"got {self.data!r}")
         if self.packing not in MODES:
             raise ValueError(f"packing must be one of {MODES}, got {self.packing!r}")
+        if not isinstance(self.init, str):
+            raise ValueError(f"init must be the path of an HF export folder or '', got "
+                             f"{self.init!r}")
         if not isinstance(self.grad_checkpointing, bool):
             raise ValueError(f"grad_checkpointing must be a bool, got "
                              f"{self.grad_checkpointing!r}")
@@ -155,6 +167,38 @@ def text_loss(model: torch.nn.Module, loader: EvalLoader, batches: int | None,
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count}
 
 
+def init_model_config(folder: str | os.PathLike) -> ModelConfig:
+    """The `ModelConfig` of a `PaTHForCausalLM` export folder (its config.json); ValueError
+    when the folder holds no pathattn model."""
+    import json
+
+    from ..hf import PaTHConfig
+
+    try:
+        model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"init: {folder} is not a model folder (config.json: {e})") from None
+    if model_type != PaTHConfig.model_type:
+        raise ValueError(f"init: {folder} holds a {model_type!r} model, not a pathattn one "
+                         "(convert it first: pathattn convert)")
+    config = PaTHConfig.from_pretrained(str(folder))
+    return config.to_model_config()
+
+
+def load_init_weights(model: PaTHLM, folder: str | os.PathLike) -> PaTHLM:
+    """Load the weights of the `PaTHForCausalLM` export `folder` into `model` (same
+    config; ValueError otherwise) and return it."""
+    from ..hf import PaTHForCausalLM
+
+    if init_model_config(folder) != model.config:
+        raise ValueError(f"init: the model config of {folder} differs from the run's "
+                         "(`init_model_config` gives the one to use)")
+    hf = PaTHForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    state = {k.removeprefix("model."): v for k, v in hf.state_dict().items()}
+    model.load_state_dict(state, strict=True)
+    return model
+
+
 @register_workload(PretrainConfig)
 def text_workload(cfg: PretrainConfig, device: torch.device,
                   replica: tuple[int, int] = (0, 1)) -> Workload:
@@ -164,7 +208,10 @@ def text_workload(cfg: PretrainConfig, device: torch.device,
     if train.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model: vocab_size {cfg.model.vocab_size} is smaller than the "
                          f"data's tokenizer ({train.vocab_size} ids)")
-    model = PaTHLM(cfg.model).to(device)
+    model = PaTHLM(cfg.model)
+    if cfg.init:
+        load_init_weights(model, cfg.init)
+    model = model.to(device)
     model.gradient_checkpointing = cfg.grad_checkpointing
     # under torchrun each replica reads its own rows of every global batch
     index, count = replica

@@ -9,6 +9,10 @@ type and any `--model-arg KEY=VALUE`; the loop options default to the paper's re
 (`PretrainConfig`), the warmup to 2 % of the steps. `--resume` continues RUN's checkpoint
 with the config stored there. At the end RUN/hf holds the model and tokenizer for
 `AutoModelForCausalLM` / `AutoTokenizer`.
+
+`--init DIR` starts from the weights of a Hugging Face export folder (a `pathattn pretrain`
+or `pathattn convert` output, DIR/hf) with its model config: continued pretraining, e.g.
+after a conversion. --preset, --attn and --model-arg do not apply then.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model preset (default cpu-tiny)")
     p.add_argument("--attn", choices=ATTN_TYPES, default=None, help="default path")
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="start from the weights and model config of an HF export folder "
+                        "(pathattn pretrain / convert output)")
     steps = p.add_mutually_exclusive_group()
     steps.add_argument("--steps", type=int, help="optimizer steps (default 200)")
     steps.add_argument("--tokens", type=int,
@@ -88,12 +95,16 @@ def _new_config(args: argparse.Namespace, given: dict):
     overrides = model_args(args.model_arg)
     preset = ModelConfig.preset(args.preset or "cpu-tiny")
     seq_len = given.get("seq_len", PretrainConfig.seq_len)
-    model = ModelConfig.preset(
-        args.preset or "cpu-tiny", **{"vocab_size": vocab, "attn_type": args.attn or "path",
-                                      "max_position_embeddings":
-                                          max(preset.max_position_embeddings, seq_len),
-                                      **overrides})
-    cfg = dict(given, data=args.data, model=model)
+    if args.init:
+        model = _init_config(args, vocab)
+    else:
+        model = ModelConfig.preset(
+            args.preset or "cpu-tiny", **{"vocab_size": vocab,
+                                          "attn_type": args.attn or "path",
+                                          "max_position_embeddings":
+                                              max(preset.max_position_embeddings, seq_len),
+                                          **overrides})
+    cfg = dict(given, data=args.data, model=model, init=args.init or "")
     tokens_per_step = (seq_len * given.get("batch_size", PretrainConfig.batch_size)
                        * given.get("accum", PretrainConfig.accum))
     steps = args.steps
@@ -105,6 +116,22 @@ def _new_config(args: argparse.Namespace, given: dict):
     cfg.setdefault("warmup_steps", max(1, cfg["steps"] // 50) if isinstance(
         cfg["steps"], int) and cfg["steps"] > 0 else 0)
     return PretrainConfig(**cfg)
+
+
+def _init_config(args: argparse.Namespace, vocab: int):
+    """The model config of --init's folder (checked against the data's vocabulary)."""
+    from .pretrain import init_model_config
+
+    given = [flag for flag, value in (("--preset", args.preset), ("--attn", args.attn),
+                                      ("--model-arg", args.model_arg)) if value]
+    if given:
+        raise ValueError(f"--init takes the model config of {args.init}; "
+                         f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply")
+    model = init_model_config(args.init)
+    if vocab > model.vocab_size:
+        raise ValueError(f"--init: the model's vocabulary ({model.vocab_size}) is smaller "
+                         f"than the data's tokenizer ({vocab} ids)")
+    return model
 
 
 def pretrain_config(args: argparse.Namespace):

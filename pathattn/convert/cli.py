@@ -1,0 +1,108 @@
+"""`pathattn convert`: turn a pretrained RoPE model of the LLaMA family into a PaTH model by
+distillation (`pathattn.convert.pipeline.convert`).
+
+    pathattn convert --teacher DIR --data DATA --out OUT [--attn path|path_fox]
+                     [--stage1-tokens N] [--stage2-tokens N] [--seq-len L] [--batch-size B]
+                     [--stage1-lr LR] [--stage2-lr LR] [--stage2-params all|attention]
+                     [--resume | --overwrite]
+
+DIR: a LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM folder
+(SmolLM2 included); DATA: a folder prepared with the teacher's tokenizer (`pathattn
+prepare --tokenizer DIR`). Stage 1 aligns every attention layer with the teacher's
+(attention-output MSE on the teacher's hidden states), stage 2 distils the next-token
+distributions (KL); OUT/hf is the PaTH model with the teacher's tokenizer, OUT/metrics.json
+the teacher's and the student's validation perplexity after each stage and the final KL.
+Continue with `pathattn pretrain --init OUT/hf ...` for a third stage of ordinary training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "convert a pretrained RoPE model (Llama, Mistral, Qwen2, Qwen3) into PaTH"
+
+
+def add_convert_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--teacher", required=True, help="teacher folder (from_pretrained)")
+    p.add_argument("--data", required=True,
+                   help="prepared folder tokenized with the teacher's tokenizer")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--attn", choices=("path", "path_fox"), default="path",
+                   help="the student's attention (default path)")
+    p.add_argument("--stage1-tokens", type=int, default=2_000_000,
+                   help="stage-1 token budget (default 2M)")
+    p.add_argument("--stage2-tokens", type=int, default=2_000_000,
+                   help="stage-2 token budget, 0 = no stage 2 (default 2M)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per row (256)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per step (8)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate of both stages (overridden per stage below)")
+    p.add_argument("--stage1-lr", type=float, default=None, help="default 1e-3")
+    p.add_argument("--stage2-lr", type=float, default=None, help="default 3e-4")
+    p.add_argument("--stage2-params", choices=("all", "attention"), default="all",
+                   help="parameters trained in stage 2 (default all)")
+    p.add_argument("--init-beta", type=float, default=None,
+                   help="initial beta of the new PaTH transforms (default 0.1)")
+    p.add_argument("--student-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a ModelConfig field of the student, e.g. beta_max=1.99, w_rank=16 "
+                        "(repeatable)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="bfloat16 autocast (default float32)")
+    p.add_argument("--seed", type=int, default=0, help="init and data order (default 0)")
+    p.add_argument("--eval-every", type=int, default=None, help="steps (default 100)")
+    p.add_argument("--eval-batches", type=int, default=None,
+                   help="val batches per evaluation (default 4)")
+    p.add_argument("--final-eval-batches", type=int, default=None,
+                   help="val batches of the final evaluations (default: all)")
+    p.add_argument("--log-every", type=int, default=None, help="steps (default 10)")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="steps (default 100)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true",
+                       help="continue the conversion in --out (finished stages are kept)")
+    group.add_argument("--overwrite", action="store_true",
+                       help="replace the conversion in --out")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+
+
+def convert_options(args: argparse.Namespace) -> dict:
+    """The `pathattn.convert.pipeline.convert` options of parsed arguments."""
+    from ..cli import model_args
+    from .student import PaTHInit
+
+    opts = dict(stage1_tokens=args.stage1_tokens, stage2_tokens=args.stage2_tokens,
+                seq_len=args.seq_len, batch_size=args.batch_size, attn_type=args.attn,
+                stage2_params=args.stage2_params, dtype=args.dtype, seed=args.seed,
+                progress=not args.no_progress,
+                student_options=model_args(args.student_arg))
+    if args.stage2_tokens < 0:
+        raise ValueError(f"--stage2-tokens must be >= 0, got {args.stage2_tokens}")
+    for stage in (1, 2):
+        lr = getattr(args, f"stage{stage}_lr")
+        lr = args.lr if lr is None else lr
+        if lr is not None:
+            opts[f"stage{stage}_lr"] = lr
+    if args.init_beta is not None:
+        opts["init"] = PaTHInit(beta=args.init_beta)
+    for name in ("eval_every", "eval_batches", "final_eval_batches", "log_every",
+                 "checkpoint_every"):
+        if getattr(args, name) is not None:
+            opts[name] = getattr(args, name)
+    return opts
+
+
+def run_convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..data import DataError
+    from .pipeline import convert
+
+    try:
+        options = convert_options(args)
+        summary = convert(args.teacher, args.data, args.out, resume=args.resume,
+                          overwrite=args.overwrite, **options)
+    except (ValueError, DataError, OSError) as e:
+        parser.error(str(e))
+    if "teacher_ppl" in summary:
+        print(f"wrote {args.out}/hf and {args.out}/metrics.json")
+        print(json.dumps({k: summary[k] for k in ("teacher_ppl", "final_ppl", "final_kl",
+                                                  "ppl_ratio")}))
+    return 0

@@ -1,0 +1,191 @@
+"""`convert`: the whole conversion of a teacher folder into a PaTH model folder, the two
+distillation stages one after the other (`pathattn.convert.distill`), resumable.
+
+Layout of the output folder `out`:
+
+    out/stage1/          stage 1's run (config.json, log.jsonl, eval.jsonl, metrics.json,
+                         checkpoints/) and its student, out/stage1/hf/
+    out/stage2/          stage 2's run, started from out/stage1/hf
+    out/hf/              the final student and the teacher's tokenizer
+                         (`AutoModelForCausalLM.from_pretrained`, generate())
+    out/init_metrics.json  the student before any training (teacher weights, new PaTH
+                         parameters at their init), on the validation split
+    out/metrics.json     {"teacher": {...}, "init": {...}, "stage1": {...}, "stage2": {...},
+                         "final_kl", "final_ppl", "teacher_ppl", "ppl_ratio"}
+
+Each stage is one run folder of the training loop: `resume=True` continues a stage from its
+last checkpoint and skips a stage that has finished (same config, exported student), so
+an interrupted conversion picks up where it stopped; `overwrite=True` starts over,
+deleting only the files this layout names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..train.checkpoint import atomic_write_bytes
+from ..train.run_dir import finished_metrics, lock_run_dir
+from .distill import DistillConfig, export_student
+from .student import DEFAULT_INIT, PaTHInit
+
+__all__ = ["convert", "stage_configs", "steps_for_tokens", "teacher_tokenizer"]
+
+_OWN_FILES = ("metrics.json", "init_metrics.json")
+
+
+def steps_for_tokens(tokens: int, seq_len: int, batch_size: int) -> int:
+    """Optimizer steps of a token budget: ceil(tokens / (seq_len * batch_size))."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    return math.ceil(tokens / (seq_len * batch_size))
+
+
+def stage_configs(teacher: str, data: str, out: str, *, stage1_tokens: int,
+                  stage2_tokens: int, seq_len: int = 256, batch_size: int = 8,
+                  attn_type: str = "path", stage1_lr: float = 1e-3, stage2_lr: float = 3e-4,
+                  stage2_params: str = "all", init: PaTHInit = DEFAULT_INIT,
+                  student_options: dict | None = None, **loop) -> list[DistillConfig]:
+    """The DistillConfigs of the stages (stage 2 left out when stage2_tokens is 0). loop:
+    further `LoopConfig` fields shared by both stages (dtype, seed, eval_every, ...); each
+    stage warms up over 5 % of its steps unless warmup_steps is given."""
+    common = dict(teacher=str(teacher), data=str(data), seq_len=seq_len,
+                  batch_size=batch_size, **loop)
+    steps1 = steps_for_tokens(stage1_tokens, seq_len, batch_size)
+    cfgs = [DistillConfig(stage=1, attn_type=attn_type, student_options=dict(
+        student_options or {}), init_beta=init.beta, init_forget_bias=list(init.forget_bias),
+        steps=steps1, lr=stage1_lr, out_dir=str(Path(out) / "stage1"),
+        **{"warmup_steps": max(1, steps1 // 20), **common})]
+    if stage2_tokens:
+        steps2 = steps_for_tokens(stage2_tokens, seq_len, batch_size)
+        cfgs.append(DistillConfig(stage=2, student=str(Path(out) / "stage1" / "hf"),
+                                  params=stage2_params, steps=steps2, lr=stage2_lr,
+                                  out_dir=str(Path(out) / "stage2"),
+                                  **{"warmup_steps": max(1, steps2 // 20), **common}))
+    return cfgs
+
+
+def teacher_tokenizer(teacher: str, data: str):
+    """The teacher folder's tokenizer, else the one the data was prepared with."""
+    from transformers import AutoTokenizer
+
+    from ..data import TokenDataset, load_tokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(teacher))
+    except (OSError, ValueError, TypeError):
+        return load_tokenizer(TokenDataset(data, "train").meta["tokenizer"]["path"])
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def _run_stage(cfg: DistillConfig, export_to: Path, tokenizer, *, resume: bool,
+               overwrite: bool, init_file: Path | None = None) -> dict[str, Any]:
+    """Train one stage (or reuse it when finished and resume), export its student to
+    export_to; returns its final metrics. init_file: where the first stage writes the
+    metrics of the untrained student (computed once)."""
+    from ..train.trainer import Trainer
+
+    if resume and not overwrite:
+        done = finished_metrics(cfg)
+        if done is not None and (export_to / "config.json").exists():
+            return done
+    if resume:
+        try:
+            trainer = Trainer(cfg, resume=True)
+        except FileNotFoundError:  # stopped before its first checkpoint
+            trainer = Trainer(cfg, overwrite=True)
+    else:
+        trainer = Trainer(cfg, overwrite=overwrite)
+    with trainer:
+        if init_file is not None and trainer.step == 0 and _read_json(init_file) is None:
+            init = trainer.evaluate(cfg.final_eval_batches)["val"]
+            _write_json(init_file, {"step": 0, **{f"val_{k}": v for k, v in init.items()}})
+        metrics = trainer.train()
+        if trainer.step == cfg.steps:
+            export_student(trainer.model.student, export_to, tokenizer)
+    return metrics
+
+
+def _summary(metrics: list[dict], init: dict | None) -> dict[str, Any]:
+    def pick(m: dict) -> dict:
+        return {k: m[k] for k in ("step", "val_student_loss", "val_student_ppl", "val_kl",
+                                  "val_mse", "val_tokens") if k in m}
+
+    first, last = metrics[0], metrics[-1]
+    out = {"teacher": {"val_loss": first["val_teacher_loss"],
+                       "val_ppl": first["val_teacher_ppl"]},
+           "init": None if init is None else pick(init)}
+    for i, m in enumerate(metrics, start=1):
+        out[f"stage{i}"] = pick(m)
+    out.update(teacher_ppl=first["val_teacher_ppl"], final_ppl=last["val_student_ppl"],
+               final_kl=last["val_kl"],
+               ppl_ratio=last["val_student_ppl"] / first["val_teacher_ppl"])
+    return out
+
+
+def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *,
+            resume: bool = False, overwrite: bool = False, **options) -> dict[str, Any]:
+    """Convert the teacher folder into a PaTH model in out/hf (module docstring).
+
+    Args:
+        teacher: a LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+            Qwen3ForCausalLM folder (SmolLM2 included), loaded in float32.
+        data: a prepared folder (`pathattn prepare`) tokenized with the teacher's tokenizer.
+        out: the output folder.
+        resume: continue an interrupted conversion (finished stages are kept).
+        overwrite: start over in a folder that holds a conversion.
+        **options: `stage_configs` options (stage1_tokens, stage2_tokens, seq_len,
+            batch_size, attn_type, stage1_lr, stage2_lr, stage2_params, init,
+            student_options, and LoopConfig fields such as dtype, seed, progress).
+
+    Returns the summary written to out/metrics.json.
+    """
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other (--resume continues the "
+                         "conversion in the folder, --overwrite replaces it)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfgs = stage_configs(str(teacher), str(data), str(out), **options)
+    tokenizer = teacher_tokenizer(str(teacher), str(data))
+    lock = lock_run_dir(out)
+    try:
+        if overwrite:
+            for name in _OWN_FILES:
+                (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / "hf", ignore_errors=True)
+        metrics = []
+        for i, cfg in enumerate(cfgs):
+            last = i == len(cfgs) - 1
+            export_to = out / "hf" if last and cfg.stage == 2 else Path(cfg.out_dir) / "hf"
+            metrics.append(_run_stage(cfg, export_to, tokenizer, resume=resume,
+                                      overwrite=overwrite,
+                                      init_file=out / "init_metrics.json" if i == 0 else None))
+            if len(metrics[-1]) == 1:  # stopped early ({"step": k}): nothing more to do
+                return metrics[-1]
+        if cfgs[-1].stage == 1:  # no stage 2: the stage-1 student is the result
+            export_to = Path(cfgs[0].out_dir) / "hf"
+            tmp = out / ".hf.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(export_to, tmp)
+            shutil.rmtree(out / "hf", ignore_errors=True)
+            os.replace(tmp, out / "hf")
+        summary = _summary(metrics, _read_json(out / "init_metrics.json"))
+        summary["configs"] = [c.to_dict() for c in cfgs]
+        _write_json(out / "metrics.json", summary)
+        return summary
+    finally:
+        lock.release()
