@@ -168,12 +168,13 @@ def forward_scan(lay: BlockLayout, qt: torch.Tensor, kt: torch.Tensor, pt: torch
         bound, low = _row_bounds(qn[:cnt], lay.take(kmax, d, cnt),
                                  _gate_bounds(gates, G_range, d, cnt, lay))
         a = acc[:cnt].view(cnt * H, R, Dv)
-        if bool((bound <= m_old + _HEADROOM).all()):
+        short = bound <= m_old + _HEADROOM  # [cnt, H, R] rows that keep their reference
+        if bool(short.all()):
             exp_cutoff_(S.sub_(m_old[..., None]),
                         above_cutoff=bool((low - m_old >= _EXP_CUTOFF).all()))
             den[:cnt] += S.sum(-1)
-        else:
-            m_new = torch.maximum(m_old, S.amax(-1))
+        else:  # decided per row, so that no sequence changes how another one rounds
+            m_new = torch.where(short, m_old, torch.maximum(m_old, S.amax(-1)))
             exp_cutoff_(S.sub_(m_new[..., None]),
                         above_cutoff=bool((low - m_new >= _EXP_CUTOFF).all()))
             alpha = (m_old - m_new).exp_()  # [cnt, H, R]

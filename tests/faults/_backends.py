@@ -1,35 +1,29 @@
-"""The op's execution paths, for fault tests that must hold on every one of them.
-
-- "cpu-kernel": the blockwise algorithm with the fused C++ kernels (the CPU default);
-- "torch": the same algorithm in PyTorch ops (PATHATTN_CPU_KERNEL=0);
-- "triton": the Triton kernels under Triton's CPU interpreter (TRITON_INTERPRET=1).
+"""The op's registered backends (`pathattn.ops.backends`), for fault tests that must hold on
+every one of them: the `op` fixture is `path_attn(..., backend=name)` for each registered
+name, on the device the backend runs on, with 16-token blocks (short sequences span several
+blocks). A backend that cannot run here (its C++ kernels cannot build, triton is not
+installed) is skipped with its reason (`tests.ops.conformance._specs`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pathattn import path_attn
-from pathattn.ops.cpu import load_kernels
+from pathattn.ops.backends import backend_names
+from tests.ops.conformance._specs import backend_spec
 
-BACKENDS = ["cpu-kernel", "torch", "triton"]
+BACKENDS = list(backend_names())
 
 
-@pytest.fixture(params=BACKENDS)
-def op(request, monkeypatch):
-    """path_attn restricted to one backend (skips the kernel path where it cannot build)."""
-    name = request.param
-    if name == "cpu-kernel" and not load_kernels():
-        pytest.skip("CPU kernel could not be built")
-    if name == "torch":
-        monkeypatch.setenv("PATHATTN_CPU_KERNEL", "0")
-    if name == "triton":
-        pytest.importorskip("triton")
+@pytest.fixture(params=BACKENDS, ids=BACKENDS)
+def op(request):
+    """path_attn on one registered backend: op(*inputs, **kwargs), output on the CPU."""
+    spec = backend_spec(request.param)
+    if spec.skip is not None:
+        pytest.skip(spec.skip)
 
     def run(*inputs, **kwargs):
-        if name == "triton":
-            kwargs = {**kwargs, "backend": "triton", "block_size": 16}
-        return path_attn(*inputs, **kwargs)
+        return spec.op(*inputs, **{"block_size": spec.block_size, **kwargs})
 
-    run.name = name
+    run.name = spec.name
     return run

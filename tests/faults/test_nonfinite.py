@@ -1,6 +1,7 @@
 """A NaN or inf in one token's inputs reaches only that token and the later tokens of its
 sequence, as in the definition (and the float64 reference): never the earlier tokens of
-its block, never another sequence. Every backend, forward and gradients, and the prefill.
+its block, never another sequence. Every backend, forward and gradients, and the prefill
+(between sequences, every kind of bad value: `tests/ops/conformance/test_isolation.py`).
 """
 
 from __future__ import annotations
@@ -61,16 +62,15 @@ def test_gradients_of_earlier_tokens(op, name):  # noqa: F811
         assert rel_err(got, ref) < 1e-6, n
 
 
-def test_packed_sequences():
-    """A NaN w in the first packed sequence: the second is untouched."""
+def test_packed_sequences(op):  # noqa: F811
+    """A NaN w in the first packed sequence: its earlier tokens are finite, its later ones
+    NaN, the second sequence is untouched."""
     T, HQ, H, D = 50, 2, 1, 16
     cu = torch.tensor([0, 20, 50])
     inputs = make_inputs(1, T, HQ, H, D, D, gates=True)
-    from pathattn import path_attn
-    o = path_attn(*_hurt(inputs, "w", float("nan"), (0, 5)), cu_seqlens=cu)
+    o = op(*_hurt(inputs, "w", float("nan"), (0, 5)), cu_seqlens=cu)
     assert torch.isfinite(o[:, :5]).all() and torch.isnan(o[:, 5:20]).all()
-    torch.testing.assert_close(o[:, 20:], path_attn(*inputs, cu_seqlens=cu)[:, 20:],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(o[:, 20:], op(*inputs, cu_seqlens=cu)[:, 20:], rtol=0, atol=0)
 
 
 def test_prefill_keeps_earlier_tokens():

@@ -1,13 +1,12 @@
 """The fused CPU scans (scan_fwd.cpp, scan_bwd.cpp) against the PyTorch scans on the same
-block tensors, and the PyTorch fallback end to end against the float64 reference."""
+block tensors. End to end, both backends ("cpu" and "torch") run the conformance suite,
+`tests/ops/conformance`."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pathattn import path_attn
-from pathattn.ops import path_attn_naive
 from pathattn.ops.blockwise import backward_scan, block_growth, forward_scan
 from pathattn.ops.cpu import (
     fused_backward_scan,
@@ -21,7 +20,7 @@ from pathattn.ops.layout import make_layout
 from pathattn.ops.stages import kv_blocks, ut_blocks
 from pathattn.ops.ut import block_ut
 
-from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads
+from .._helpers import make_inputs
 
 pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
 
@@ -134,20 +133,6 @@ def test_disabled_kernel_runs_torch_scan(monkeypatch):
     s_diag = ut.s_diag.clone()
     scan_forward(lay, ut._replace(s_diag=s_diag), vb, gt, *wb_bb)
     assert torch.equal(s_diag, ut.s_diag)
-
-
-@pytest.mark.parametrize("gates", [False, True], ids=["nogates", "gates"])
-def test_torch_fallback_matches_reference(gates, monkeypatch):
-    """Without the kernel, path_attn (PyTorch scan) still meets the float32 tolerance."""
-    monkeypatch.setenv("PATHATTN_CPU_KERNEL", "0")
-    B, T, HQ, H, D = 1, 300, 4, 2, 32
-    inputs = make_inputs(B, T, HQ, H, D, D, gates)
-    dout = make_dout(B, T, HQ, D)
-    cu = torch.tensor([0, 1, 130, 131, 300])
-    ours = run_with_grads(path_attn, inputs, dout, cu_seqlens=cu, block_size=32)
-    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
-                                                 for x in inputs), dout, cu_seqlens=cu)
-    assert_close_to_reference(ours, ref, 1e-4)
 
 
 @pytest.mark.parametrize("gates", [False, True], ids=["nogates", "gates"])
