@@ -15,6 +15,17 @@ tile the stream without overlap, every window is scored at all its L positions, 
 position p (1-based) is the prediction made from p tokens of context. Every window starts
 the model afresh (position 0, no cache).
 
+Per-document mode (`evaluate_documents`, `pathattn eval ppl --per-document`): each
+held-out document is scored alone, the way lm-evaluation-harness scores a document with
+`loglikelihood_rolling` (pathattn's lm-eval wrapper, `pathattn.evaluation.lmeval`): its
+tokens without BOS / EOS are predicted from its first token on, after one prefix token (BOS,
+or EOS for a tokenizer without BOS), in windows of at most L inputs (`document_windows`:
+the first window predicts the first L tokens, every later one the next up to L tokens from
+the L tokens before them, each token scored once). The EOS is not scored. The perplexity of
+a length L is then the lm-eval wrapper's token perplexity with max_length L on the same
+documents (tested). Documents shorter than L are scored at their own length, so short code
+files say little about long contexts: the window mode is the length-extrapolation metric.
+
 Metrics, per model:
     loss[L], ppl[L]      mean next-token cross-entropy over every position of every
                          window of length L, and exp of it
@@ -48,7 +59,8 @@ from tqdm.auto import tqdm
 __all__ = ["PplError", "Scorer", "ModelFolder", "evaluate_ppl", "evaluate_models",
            "loss_by_position", "token_losses", "held_out_tokens", "check_lengths",
            "check_enough_tokens", "num_windows", "check_model_folder", "load_model",
-           "train_length", "DEFAULT_LENGTHS", "DEFAULT_CHUNK_SIZE", "DTYPES"]
+           "train_length", "document_windows", "held_out_documents", "evaluate_documents",
+           "DEFAULT_LENGTHS", "DEFAULT_CHUNK_SIZE", "DTYPES"]
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
 DEFAULT_CHUNK_SIZE = 512  # tokens per LM-head chunk: 512 x V float32 logits at a time
@@ -124,6 +136,24 @@ def held_out_tokens(data: str | os.PathLike, split: str = "val",
     unknown or empty split, or a max_docs that is not a positive int."""
     dataset, docs = _open_split(data, split, max_docs)
     return dataset.tokens[:dataset.offsets[docs]]
+
+
+def held_out_documents(data: str | os.PathLike, split: str = "val",
+                       max_docs: int | None = None) -> tuple[list[np.ndarray], int]:
+    """(documents, prefix id) of a prepared folder's split for the per-document mode
+    (module docstring): the first `max_docs` documents (all when None), each a read-only
+    view [n] of its stored ids without the leading BOS and the trailing EOS, and the prefix
+    token that starts every document's first window (BOS, or EOS without one).
+    PplError as `held_out_tokens`."""
+    dataset, docs = _open_split(data, split, max_docs)
+    bos, eos = dataset.bos_id, dataset.eos_id
+    documents = []
+    for d in range(docs):
+        ids = dataset[d]  # [n + 2] with BOS, [n + 1] without
+        start = 1 if bos is not None and len(ids) and ids[0] == bos else 0
+        end = len(ids) - 1 if len(ids) > start and ids[-1] == eos else len(ids)
+        documents.append(ids[start:end])
+    return documents, (eos if bos is None else bos)
 
 
 # ------------------------------------------------------------------------ scoring
@@ -310,6 +340,108 @@ def evaluate_ppl(model: nn.Module, tokens, lengths: Sequence[int] = DEFAULT_LENG
     return result
 
 
+def document_windows(num_tokens: int, max_length: int) -> list[tuple[int, int]]:
+    """The windows that score a document of `num_tokens` tokens alone, in the order
+    lm-evaluation-harness's rolling log-likelihood uses (one token of context carried over,
+    windows made disjoint): (end, scored) pairs over the sequence s = [prefix] + tokens. A
+    window's inputs are s[max(end - max_length, 0) : end], its targets the next tokens
+    s[... + 1 : end + 1], and its last `scored` targets, tokens[end - scored : end], are
+    scored. The first window predicts tokens[:min(max_length, num_tokens)] from the prefix
+    on; each later one the next min(max_length, rest) tokens with max_length inputs, so
+    every token is scored exactly once and every window has min(max_length, num_tokens)
+    inputs. No window for an empty document."""
+    if not _is_int(max_length) or max_length < 1:
+        raise PplError("lengths", f"must be positive ints, got {max_length!r}")
+    if num_tokens < 1:
+        return []
+    first = min(max_length, num_tokens)
+    windows, predicted = [(first, first)], first
+    while predicted < num_tokens:
+        scored = min(num_tokens - predicted, max_length)
+        predicted += scored
+        windows.append((predicted, scored))
+    return windows
+
+
+@torch.no_grad()
+def evaluate_documents(model: nn.Module, documents: Sequence, prefix_id: int,
+                       lengths: Sequence[int] = DEFAULT_LENGTHS, *, batch_size: int = 1,
+                       chunk_size: int | None = DEFAULT_CHUNK_SIZE, dtype: str = "float32",
+                       bins_per_octave: int = 4, progress: bool | tqdm = False,
+                       name: str | None = None) -> dict:
+    """Perplexity of a causal LM with every document scored alone (module docstring,
+    per-document mode), for windows of at most L inputs at each length L.
+
+    Args:
+        model: a Hugging Face causal LM, on the device to evaluate on.
+        documents: the documents, each an int array-like [n] of the tokens to predict
+            (no BOS / EOS; e.g. `held_out_documents(...)[0]`); empty ones are skipped.
+        prefix_id: the token before each document's first token (BOS, or EOS).
+        lengths: the longest windows L (positive ints); any document length works.
+        batch_size: windows of one document per forward pass.
+        chunk_size, dtype, bins_per_octave, progress, name: as in `evaluate_ppl`.
+
+    Returns the keys of `evaluate_ppl`, with "windows" {L: windows over all documents},
+    "tokens" {L: scored tokens, the same for every L}, "documents" (count), and
+    "position_loss" float64 [longest document] (mean loss at each position 1 .. n of a
+    document, position p predicting its p-th token, over the documents that reach p, with
+    windows of the longest L).
+    """
+    lengths = check_lengths(lengths)
+    if not _is_int(batch_size) or batch_size < 1:
+        raise PplError("batch_size", f"must be a positive int, got {batch_size!r}")
+    device = next(model.parameters()).device
+    _autocast(dtype, device)  # checks dtype
+    docs = [d if isinstance(d, np.ndarray) else np.asarray(d, dtype=np.int64)
+            for d in documents]
+    if any(d.ndim != 1 or (len(d) and not np.issubdtype(d.dtype, np.integer)) for d in docs):
+        raise PplError("documents", "must be 1-D arrays of int ids")
+    docs = [d for d in docs if len(d)]
+    if not docs:
+        raise PplError("documents", "holds no token to score")
+    counts = {L: sum(len(document_windows(len(d), L)) for d in docs) for L in lengths}
+    longest = max(len(d) for d in docs)
+    was_training = model.training
+    model.eval()
+    bar = progress if isinstance(progress, tqdm) else tqdm(
+        total=sum(counts.values()), unit="window", desc=name, disable=not progress)
+    try:
+        probe = _ids(np.concatenate([[prefix_id], docs[0][:15]]))[None]  # [1, <= 16]
+        scorer = Scorer.of(model, chunk_size, probe)
+        result = {"lengths": lengths, "loss": {}, "ppl": {}, "windows": counts, "tokens": {},
+                  "documents": len(docs), "chunked_head": scorer.chunked_head}
+        for L in lengths:
+            total, scored_tokens = 0.0, 0
+            position_sum = torch.zeros(longest, dtype=torch.float64)  # [n max]
+            position_count = torch.zeros(longest, dtype=torch.float64)  # [n max]
+            for doc in docs:
+                seq = _ids(np.concatenate([[prefix_id], doc])).to(device)  # [n + 1]
+                windows, T = document_windows(len(doc), L), min(L, len(doc))
+                for w0 in range(0, len(windows), batch_size):
+                    part = windows[w0:w0 + batch_size]
+                    rows = torch.stack([seq[end - T:end + 1] for end, _ in part])  # [B, T + 1]
+                    with _autocast(dtype, device):
+                        loss = scorer.losses(rows[:, :-1], rows[:, 1:]).double().cpu()  # [B, T]
+                    for row, (end, scored) in enumerate(part):
+                        kept = loss[row, T - scored:]  # [scored]: tokens[end - scored : end]
+                        total += float(kept.sum())
+                        scored_tokens += scored
+                        position_sum[end - scored:end] += kept
+                        position_count[end - scored:end] += 1
+                    bar.update(len(part))
+            mean = total / scored_tokens
+            result["loss"][L], result["ppl"][L] = mean, math.exp(min(mean, 700.0))
+            result["tokens"][L] = scored_tokens
+        position_loss = (position_sum / position_count).numpy()  # [n max], longest L
+    finally:
+        model.train(was_training)
+        if bar is not progress:
+            bar.close()
+    result["position_loss"] = position_loss
+    result["loss_by_position"] = loss_by_position(position_loss, bins_per_octave)
+    return result
+
+
 def loss_by_position(position_loss, bins_per_octave: int = 4) -> list[dict]:
     """Mean of position_loss (float [L], the loss at positions 1 .. L) in log-spaced bins:
     bin edges at the distinct integers round(2 ** (k / bins_per_octave)), so the bins are
@@ -474,13 +606,16 @@ def evaluate_models(model_dirs: Sequence[str | os.PathLike], data: str | os.Path
                     lengths: Sequence[int] = DEFAULT_LENGTHS, *, split: str = "val",
                     max_docs: int | None = None, batch_size: int = 1,
                     chunk_size: int | None = DEFAULT_CHUNK_SIZE, dtype: str = "float32",
-                    device: str | torch.device = "cpu", progress: bool = False) -> dict:
-    """`evaluate_ppl` of every model folder on the held-out stream of `data`.
+                    device: str | torch.device = "cpu", progress: bool = False,
+                    per_document: bool = False) -> dict:
+    """`evaluate_ppl` of every model folder on the held-out stream of `data`, or with
+    per_document `evaluate_documents` of its held-out documents (module docstring).
 
     Every argument is checked, and every folder against the data's tokenizer, before the
     first model is loaded; the models are then loaded and evaluated one at a time.
-    Returns the report written to ppl.json: {"data", "split", "documents", "tokens"
-    (held-out tokens), "lengths", "dtype", "models": [{"name", "path", "train_length",
+    Returns the report written to ppl.json: {"data", "split", "mode" ("windows" or
+    "per-document"), "documents", "tokens" (held-out tokens, BOS / EOS included),
+    "lengths", "dtype", "models": [{"name", "path", "train_length",
     "train_length_source", "chunked_head", "ppl", "loss", "windows", "tokens" (dicts by
     length, string keys), "loss_by_position": {"length", "windows", "bins"}}]}.
     """
@@ -496,21 +631,29 @@ def evaluate_models(model_dirs: Sequence[str | os.PathLike], data: str | os.Path
         raise PplError("device", f"{device}: not usable here ({e})") from None
     dataset, documents = _open_split(data, split, max_docs)
     stream, meta = dataset.tokens[:dataset.offsets[documents]], dataset.meta
-    check_enough_tokens(len(stream), lengths, f"the {split!r} split" + (
-        f" (its first {documents} documents)" if documents < dataset.num_documents else ""))
+    if per_document:
+        docs, prefix_id = held_out_documents(data, split, max_docs)
+        total = sum(len(document_windows(len(d), L)) for d in docs for L in lengths)
+    else:
+        check_enough_tokens(len(stream), lengths, f"the {split!r} split" + (
+            f" (its first {documents} documents)" if documents < dataset.num_documents
+            else ""))
+        total = sum(num_windows(len(stream), L) for L in lengths)
     folders = [check_model_folder(d, meta["tokenizer"], np.asarray(dataset[0]))
                for d in model_dirs]
     _dedupe_names(folders)
-    report = {"data": str(data), "split": split, "documents": documents,
+    report = {"data": str(data), "split": split,
+              "mode": "per-document" if per_document else "windows", "documents": documents,
               "tokens": len(stream), "lengths": lengths, "dtype": dtype, "models": []}
-    total = len(folders) * sum(num_windows(len(stream), L) for L in lengths)
-    with tqdm(total=total, unit="window", disable=not progress) as bar:
+    with tqdm(total=len(folders) * total, unit="window", disable=not progress) as bar:
         for folder in folders:
             model = load_model(folder, meta["tokenizer"]["vocab_size"], device)
             bar.set_description(folder.name)
+            options = dict(batch_size=batch_size, chunk_size=chunk_size, dtype=dtype,
+                           progress=bar)
             try:
-                res = evaluate_ppl(model, stream, lengths, batch_size=batch_size,
-                                   chunk_size=chunk_size, dtype=dtype, progress=bar)
+                res = (evaluate_documents(model, docs, prefix_id, lengths, **options)
+                       if per_document else evaluate_ppl(model, stream, lengths, **options))
             except RuntimeError as e:  # e.g. a model with learned positions at a long L
                 raise PplError("model", f"{folder.path} failed on the windows: {e}") from e
             del model

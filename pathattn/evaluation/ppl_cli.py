@@ -5,7 +5,7 @@ more causal language models on the held-out documents of a prepared folder
     pathattn eval ppl --model DIR [DIR ...] --data DIR [--lengths L ...] [--out DIR]
                       [--split val] [--max-docs N] [--batch-size B]
                       [--dtype float32|bfloat16] [--device cpu] [--chunk-size N]
-                      [--no-progress]
+                      [--per-document] [--no-progress]
 
 --model: folders loadable by `AutoModelForCausalLM.from_pretrained` (a `pathattn
 pretrain` RUN/hf, or any Hugging Face causal LM saved with `save_pretrained`, e.g. a RoPE
@@ -13,7 +13,11 @@ Llama) with the data's tokenizer saved next to the weights. Every length L score
 of L tokens that tile the held-out token stream (documents joined by their BOS / EOS), so
 each length needs at least L + 1 held-out tokens. The LM head runs on --chunk-size tokens
 at a time, so the [L, V] logits never exist at once (with a pathattn model, memory is
-linear in L). Prints a markdown table (rows: models,
+linear in L). With --per-document every held-out document is instead scored alone,
+from its first token after BOS, in windows of at most L tokens (the token positions and
+windows of lm-evaluation-harness's loglikelihood_rolling: the perplexity at L equals
+`pathattn eval lm-eval --data DIR --max-length L`'s token_perplexity on the same documents).
+Prints a markdown table (rows: models,
 columns: lengths); with --out also writes DIR/ppl.json (the report of
 `evaluate_models`) and DIR/loss_by_position.png (loss against position, log x, one line
 per model, training lengths as dashed vertical lines), each replaced atomically.
@@ -55,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, metavar="N",
                    help=f"tokens per LM-head chunk, 0 = all logits at once (default "
                    f"{DEFAULT_CHUNK_SIZE})")
+    p.add_argument("--per-document", action="store_true",
+                   help="score each held-out document alone, in windows of at most L "
+                   "tokens (lm-eval's rolling log-likelihood), instead of windows of L "
+                   "tokens tiling the concatenated documents")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -71,7 +79,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         report = evaluate_models(
             args.model, args.data, args.lengths, split=args.split, max_docs=args.max_docs,
             batch_size=args.batch_size, chunk_size=args.chunk_size or None, dtype=args.dtype,
-            device=args.device, progress=not args.no_progress)
+            device=args.device, progress=not args.no_progress,
+            per_document=args.per_document)
         print(markdown_table(report))
         if args.out is not None:
             for path in write_report(report, args.out):
@@ -87,7 +96,8 @@ def markdown_table(report: dict) -> str:
     """Perplexity table: one row per model, one column per length (plus the train
     length)."""
     lengths = report["lengths"]
-    head = ["model", "train length", *(f"ppl @ {L}" for L in lengths)]
+    at = "max " if report.get("mode") == "per-document" else ""
+    head = ["model", "train length", *(f"ppl @ {at}{L}" for L in lengths)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in report["models"]:
         cells = [m["name"], "?" if m["train_length"] is None else str(m["train_length"]),
@@ -127,10 +137,14 @@ def plot_loss_by_position(report: dict, path: str | os.PathLike) -> None:
             ax.axvline(m["train_length"], color=line.get_color(), linestyle="--", alpha=0.7,
                        label=f"{m['name']}: train length {m['train_length']}")
     ax.set_xscale("log")
-    ax.set_xlabel("position (tokens of context)")
+    if report.get("mode") == "per-document":
+        ax.set_xlabel("position in the document (tokens)")
+        title = f"each document alone, windows of at most {report['lengths'][-1]} tokens"
+    else:
+        ax.set_xlabel("position (tokens of context)")
+        title = f"windows of {report['lengths'][-1]} tokens"
     ax.set_ylabel("next-token loss (nats)")
-    ax.set_title(f"loss by position, {report['split']} split, windows of "
-                 f"{report['lengths'][-1]} tokens")
+    ax.set_title(f"loss by position, {report['split']} split, {title}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()

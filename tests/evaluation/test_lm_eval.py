@@ -1,7 +1,8 @@
 """`pathattn eval lm-eval` on the local held-out perplexity task: the wrapper's perplexity
-equals the one computed here from the same text with one forward per document, and
-lm-eval's own `model="hf"` entry loads a pathattn folder once pathattn is imported. The
-long-context tasks run through lm-eval with the prompts' tokens unchanged."""
+equals the one computed here from the same text with one forward per document and, with
+a max length that splits documents into windows, `pathattn eval ppl --per-document` on the
+same documents; lm-eval's own `model="hf"` entry loads a pathattn folder once pathattn is
+imported. The long-context tasks run through lm-eval with the prompts' tokens unchanged."""
 
 from __future__ import annotations
 
@@ -150,3 +151,50 @@ def test_longctx_tasks_through_lm_eval(setup, tmp_path):
         name = f"longctx_phonebook_default_{row['length']}"
         assert results["results"][name]["score,none"] == pytest.approx(row["accuracy"])
     assert len(results["samples"]["longctx_phonebook_default_200"]) == 1
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5, 16, 17, 31, 32, 33, 70])
+@pytest.mark.parametrize("max_length", [1, 4, 16])
+def test_document_windows_are_lm_evals_rolling_windows(num_tokens, max_length):
+    """Inputs, targets and scored tokens of `document_windows` against lm-eval's own
+    get_rolling_token_windows + make_disjoint_window (context_len 1, as HFLM calls them)
+    and its input rule (context + continuation, minus the last token)."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from pathattn.evaluation.ppl import document_windows
+
+    tokens, prefix = list(range(100, 100 + num_tokens)), 7
+    seq = [prefix] + tokens  # s = [prefix] + tokens
+    theirs = [make_disjoint_window(w) for w in get_rolling_token_windows(
+        tokens, prefix_token=prefix, max_seq_len=max_length, context_len=1)]
+    ours = document_windows(num_tokens, max_length)
+    assert len(ours) == len(theirs)
+    for (end, scored), (context, continuation) in zip(ours, theirs, strict=True):
+        start = max(end - max_length, 0)
+        assert seq[start:end] == (context + continuation)[-(max_length + 1):][:-1]
+        assert tokens[end - scored:end] == continuation
+
+
+def test_wrapper_perplexity_equals_eval_ppl_per_document(setup, tmp_path):
+    """The lm-eval wrapper's token perplexity on the local held-out task equals `pathattn
+    eval ppl --per-document` on the same documents: the same tokens, the same windows (a
+    short max length, so most documents take several, the last one partial)."""
+    data, model_dir = setup
+    max_length = 16
+    assert run_cli(["--model", str(model_dir), "--data", str(data), "--max-length",
+                    str(max_length), "--device", "cpu", "--out", str(tmp_path / "lm")]) == 0
+    ppl = json.loads((tmp_path / "lm" / "lm_eval_results.json").read_text())
+    ppl = ppl["results"][lmeval.PPL_TASK]["token_perplexity,none"]
+    docs = [json.loads(line) for line in
+            (tmp_path / "lm" / "tasks" / f"{lmeval.PPL_TASK}.jsonl").read_text().splitlines()]
+    assert main(["eval", "ppl", "--model", str(model_dir), "--data", str(data),
+                 "--per-document", "--lengths", str(max_length), "--out",
+                 str(tmp_path / "ppl"), "--no-progress"]) == 0
+    report = json.loads((tmp_path / "ppl" / "ppl.json").read_text())
+    (record,) = report["models"]
+    assert report["mode"] == "per-document" and report["documents"] == len(docs)
+    assert record["tokens"][str(max_length)] == sum(d["num_tokens"] for d in docs)
+    assert record["windows"][str(max_length)] > len(docs)  # several windows per document
+    print(f"token perplexity: lm-eval {ppl:.7f}, eval ppl --per-document "
+          f"{record['ppl'][str(max_length)]:.7f}")
+    assert record["ppl"][str(max_length)] == pytest.approx(ppl, rel=1e-6)

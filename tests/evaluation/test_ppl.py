@@ -18,7 +18,10 @@ from pathattn.cli import main
 from pathattn.evaluation.ppl import (
     PplError,
     Scorer,
+    document_windows,
+    evaluate_documents,
     evaluate_ppl,
+    held_out_documents,
     held_out_tokens,
     loss_by_position,
     num_windows,
@@ -125,6 +128,51 @@ def test_a_head_that_does_not_split_falls_back_to_the_full_forward(assets, monke
     torch.testing.assert_close(scorer.losses(ids[:2], targets[:2]),
                                _direct_losses(model, ids[:2], targets[:2]),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_per_document_losses_equal_one_forward_per_document(assets, name):
+    """With L at least the document length each document is one forward of [BOS] + its
+    tokens; with a shorter L every token is scored once, in windows of L inputs."""
+    model = assets["models"][name]
+    docs, prefix = held_out_documents(assets["data"], "val", max_docs=2)
+    data = held_out_tokens(assets["data"], "val", max_docs=1)
+    assert prefix == data[0] and list(docs[0]) == list(data[1:-1])  # no BOS / EOS
+    docs = [docs[0][:40], docs[1][:33], docs[1][:5]]  # short, so the test stays fast
+    direct = []
+    for doc in docs:
+        seq = torch.as_tensor(np.concatenate([[prefix], doc]).astype(np.int64))  # [n + 1]
+        direct.append(_direct_losses(model, seq[None, :-1], seq[None, 1:])[0])  # [n]
+    longest = max(len(d) for d in docs)
+    res = evaluate_documents(model, docs, prefix, [longest, 16], batch_size=2, chunk_size=7)
+    n = sum(len(d) for d in docs)
+    whole = float(torch.cat(direct).double().sum())
+    assert res["tokens"] == {16: n, longest: n} and res["windows"][longest] == len(docs)
+    assert res["windows"][16] == sum(len(document_windows(len(d), 16)) for d in docs)
+    assert res["loss"][longest] == pytest.approx(whole / n, rel=1e-5)
+    expected = [np.mean([float(x[i]) for x in direct if len(x) > i]) for i in range(longest)]
+    np.testing.assert_allclose(res["position_loss"], expected, rtol=1e-5)  # [n max]
+    windowed = 0.0  # L = 16: each window [end - T, end) alone, its last `scored` targets
+    for doc in docs:
+        seq = torch.as_tensor(np.concatenate([[prefix], doc]).astype(np.int64))
+        T = min(16, len(doc))
+        for end, scored in document_windows(len(doc), 16):
+            loss = _direct_losses(model, seq[None, end - T:end], seq[None, end - T + 1:end + 1])
+            windowed += float(loss[0, T - scored:].double().sum())
+    assert res["loss"][16] == pytest.approx(windowed / n, rel=1e-5)
+
+
+def test_per_document_command(assets, tmp_path, capsys):
+    d = assets["dirs"]
+    assert _run(["--model", str(d["path"]), "--data", str(assets["data"]), "--per-document",
+                 "--lengths", "2048", "--max-docs", "1", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    report = json.loads((tmp_path / "ppl.json").read_text())
+    docs, prefix = held_out_documents(assets["data"], "val", max_docs=1)
+    direct = evaluate_documents(assets["models"]["path"], docs, prefix, [2048])
+    assert report["mode"] == "per-document" and report["documents"] == 1
+    assert report["models"][0]["ppl"]["2048"] == pytest.approx(direct["ppl"][2048], rel=1e-6)
+    assert "ppl @ max 2048" in capsys.readouterr().out
 
 
 def test_loss_by_position_bins_cover_every_position():
