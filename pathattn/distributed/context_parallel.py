@@ -38,14 +38,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from ..ops.cpu import (
-    fused_block_ut,
-    fused_scan_applies,
-    scan_backward,
-    scan_forward,
-    ut_backward,
-    ut_forward,
-)
+from ..ops.cpu import scan_forward, ut_forward
+from ..ops.function import blocks_backward
 from ..ops.gates import gate_grad
 from ..ops.layout import make_layout
 from ..ops.path_attn import DEFAULT_BLOCK_SIZE, keys_backend
@@ -57,7 +51,6 @@ from ..ops.stages import (
     row_blocks,
     rows_to_tokens,
 )
-from ..ops.ut import block_ut
 from ..ops.validation import check_block_size, check_path_attn_inputs
 from .ring import Ring, ShardMeta, exchange_meta
 from .shard import (
@@ -280,45 +273,33 @@ class ContextParallelPaTHFunction(torch.autograd.Function):
             blocks, vb, gates = bi.ut, bi.vb, bi.gates
             do = do.to(cd)
             delta = (do * o).sum(-1, keepdim=True)  # [B, T, HQ, 1] rowsum(dO * O), global O
-        fused = fused_scan_applies(blocks[0], ctx.kernels)
-        with torch.enable_grad():
-            if fused:  # UT by the C++ kernels; autograd only through the shard terms
-                ut = fused_block_ut(*blocks, scale)
-                leaves = [x.requires_grad_() for x in (ut.qt, ut.kt, ut.pt)]
-            else:  # autograd through block_ut and the shard terms
-                leaves = [x.detach().requires_grad_() for x in blocks]
-                ut = block_ut(*leaves, scale)
-            terms = shard_terms(lay, ut, B, T, HQ)
-        with torch.no_grad():
-            rows = lambda x: row_blocks(x, lay, H, cd).flatten(2, 3)  # noqa: E731
-            grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
-                                  ut.s_diag.detach(), vb, gates, rows(do), rows(lse)[..., 0],
-                                  rows(delta)[..., 0], ctx.kernels)
+        rows = lambda x: row_blocks(x, lay, H, cd).flatten(2, 3)  # noqa: E731
+        found = {"dg": None, "dvs": None}
+
+        def across_shards(ut, grads):
+            """The ring's part (`blocks_backward`'s extra): shard terms from ut, their
+            cotangents from every other rank, and the gate gradient's totals."""
             # in-shard part of the gate gradient (float64 [B, T, HQ])
             dg = None if g is None else gate_grad(grads.dgate_col, lay).view(g.shape)
-            dqs = dks = dvs = dcol = None
-            if ring.size > 1:
+            if ring.size == 1:
+                found["dg"] = dg
+                return [], []
+            terms = shard_terms(lay, ut, B, T, HQ)
+            with torch.no_grad():
                 det = type(terms)(*(x.detach() for x in terms))
                 gate_terms = None if g is None else shard_gates(g, H)
                 dqs, dks, dvs, dcol, dpt_parts = _ring_backward(
                     ring, meta, det, v.to(cd).transpose(1, 2), gate_terms,
                     rows_to_heads(do, H), rows_to_heads(lse, H)[..., 0],
                     rows_to_heads(delta, H)[..., 0], cd)
-                dpt, dg = _reduce_totals(ring, meta, dpt_parts, dcol, dg)
-        # gradients of (Q~, K~, Pt[, S]) from the in-shard scan and, across shards, the terms
-        outs, cots = [ut.qt, ut.kt, ut.pt], [grads.dqt, grads.dkt, grads.dpt]
-        if not fused:
-            outs, cots = outs + [ut.s_diag], cots + [grads.ds_diag]
-        if ring.size > 1:
-            outs, cots = outs + [terms.qs, terms.ks, terms.pt], cots + [dqs, dks, dpt]
-        if fused:  # outs are the leaves themselves: add the shard terms' pull-back
-            dut = cots[:3]
-            if ring.size > 1:
-                extra = torch.autograd.grad(outs[3:], leaves, cots[3:], allow_unused=True)
-                dut = [d if e is None else d + e for d, e in zip(dut, extra, strict=True)]
-            dqb, dkb, dwb, dbb = ut_backward(*blocks, scale, *dut, grads.ds_diag)
-        else:
-            dqb, dkb, dwb, dbb = torch.autograd.grad(outs, leaves, cots)
+                dpt, found["dg"] = _reduce_totals(ring, meta, dpt_parts, dcol, dg)
+            found["dvs"] = dvs
+            return [terms.qs, terms.ks, terms.pt], [dqs, dks, dpt]
+
+        dqb, dkb, dwb, dbb, grads = blocks_backward(
+            lay, *blocks, vb, gates, rows(do), rows(lse)[..., 0], rows(delta)[..., 0], scale,
+            ctx.kernels, extra=across_shards)
+        dg, dvs = found["dg"], found["dvs"]
         with torch.no_grad():
             dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
             dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape) for x, ref in (

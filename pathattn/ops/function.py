@@ -32,7 +32,7 @@ from .stages import (
 )
 from .ut import block_ut
 
-__all__ = ["PaTHAttnFunction", "forward_with_keys"]
+__all__ = ["PaTHAttnFunction", "forward_with_keys", "blocks_backward"]
 
 
 def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float,
@@ -43,29 +43,48 @@ def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float,
     return scan_forward(lay, ut, vb, gates, wb, bb, kernels)
 
 
-def _backward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, o_rows, lse,
-                     scale: float, kernels: bool):
-    """Gradients with respect to the block tensors (one head group): dqb, dkb, dwb, dbb,
-    dvb and the gate column sums (or None). The UT transform is differentiated by the fused
-    CPU kernel where it applies, by autograd through `block_ut` otherwise."""
-    delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
-    if fused_scan_applies(qb, kernels):
-        ut = fused_block_ut(qb, kb, wb, bb, scale)
-        grads = scan_backward(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, gates, do_rows, lse,
-                              delta)
-        dqb, dkb, dwb, dbb = ut_backward(qb, kb, wb, bb, scale, grads.dqt, grads.dkt,
-                                         grads.dpt, grads.ds_diag)
-        return dqb, dkb, dwb, dbb, grads.dv, grads.dgate_col
-    leaves = [x.detach().requires_grad_() for x in (qb, kb, wb, bb)]
+def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, delta,
+                    scale: float, kernels: bool, extra=None):
+    """The in-block backward shared by the op and context parallelism: gradients of the
+    block tensors (one head group) from do_rows [NB, H, R, Dv], lse and delta
+    [NB, H, R]. The UT transform is differentiated by the fused CPU kernel where it applies
+    (`fused_scan_applies`), by autograd through `block_ut` otherwise.
+
+    extra: optional `extra(ut, grads) -> (outs, cots)`, called under autograd after the
+    scan's backward with the UT quantities (differentiable) and the scan's `ScanGrads`:
+    further outputs computed from `ut` and their cotangents, pulled back with the scan's
+    (context parallelism's shard terms).
+
+    Returns (dqb, dkb, dwb, dbb, grads): grads holds dv and the gate column sums.
+    """
+    fused = fused_scan_applies(qb, kernels)
     with torch.enable_grad():
-        ut = block_ut(*leaves, scale)
+        if fused:  # autograd only from the UT quantities on, when extra needs it
+            ut = fused_block_ut(qb, kb, wb, bb, scale)
+            leaves = [ut.qt, ut.kt, ut.pt]
+            if extra is not None:
+                leaves = [x.requires_grad_() for x in leaves]
+        else:
+            leaves = [x.detach().requires_grad_() for x in (qb, kb, wb, bb)]
+            ut = block_ut(*leaves, scale)
     with torch.no_grad():
         grads = scan_backward(lay, ut.qt.detach(), ut.kt.detach(), ut.pt.detach(),
                               ut.s_diag.detach(), vb, gates, do_rows, lse, delta, kernels)
-    dqb, dkb, dwb, dbb = torch.autograd.grad(
-        [ut.qt, ut.kt, ut.pt, ut.s_diag], leaves,
-        [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag])
-    return dqb, dkb, dwb, dbb, grads.dv, grads.dgate_col
+    outs, cots = [], []
+    if extra is not None:
+        with torch.enable_grad():
+            outs, cots = extra(ut, grads)
+    if fused:
+        dut = [grads.dqt, grads.dkt, grads.dpt]
+        if outs:
+            more = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
+            dut = [d if e is None else d + e for d, e in zip(dut, more, strict=True)]
+        dqb, dkb, dwb, dbb = ut_backward(qb, kb, wb, bb, scale, *dut, grads.ds_diag)
+    else:
+        dqb, dkb, dwb, dbb = torch.autograd.grad(
+            [ut.qt, ut.kt, ut.pt, ut.s_diag, *outs], leaves,
+            [grads.dqt, grads.dkt, grads.dpt, grads.ds_diag, *cots])
+    return dqb, dkb, dwb, dbb, grads
 
 
 class PaTHAttnFunction(torch.autograd.Function):
@@ -98,8 +117,10 @@ class PaTHAttnFunction(torch.autograd.Function):
             # on real tokens, so their gradients map back with a gather (no scatter-add)
             bi = block_inputs(q, k, v, w, beta, g, lay)
             do_rows = row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
-            dqb, dkb, dwb, dbb, dvb, dcol = _backward_blocks(
-                lay, *bi.ut, bi.vb, bi.gates, do_rows, o_rows, lse, scale, ctx.kernels)
+            delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
+            dqb, dkb, dwb, dbb, grads = blocks_backward(
+                lay, *bi.ut, bi.vb, bi.gates, do_rows, lse, delta, scale, ctx.kernels)
+            dvb, dcol = grads.dv, grads.dgate_col
             dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
             dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape)
                                  for x, ref in ((dkb, k), (dwb, w), (dvb, v), (dbb, beta)))
