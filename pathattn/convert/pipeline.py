@@ -97,20 +97,13 @@ def _run_stage(cfg: DistillConfig, export_to: Path, tokenizer, *, resume: bool,
     """Train one stage (or reuse it when finished and resume), export its student to
     export_to; returns its final metrics. init_file: where the first stage writes the
     metrics of the untrained student (computed once)."""
-    from ..train.trainer import Trainer
+    from ..train.trainer import open_run
 
     if resume and not overwrite:
         done = finished_metrics(cfg)
         if done is not None and (export_to / "config.json").exists():
             return done
-    if resume:
-        try:
-            trainer = Trainer(cfg, resume=True)
-        except FileNotFoundError:  # stopped before its first checkpoint
-            trainer = Trainer(cfg, overwrite=True)
-    else:
-        trainer = Trainer(cfg, overwrite=overwrite)
-    with trainer:
+    with open_run(cfg, resume=resume, overwrite=overwrite) as trainer:
         if init_file is not None and trainer.step == 0 and _read_json(init_file) is None:
             init = trainer.evaluate(cfg.final_eval_batches)["val"]
             _write_json(init_file, {"step": 0, **{f"val_{k}": v for k, v in init.items()}})

@@ -69,7 +69,7 @@ from .sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from .signals import StopRequests, TrainingInterrupted
 from .workload import build_workload
 
-__all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "TrainingInterrupted",
+__all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "open_run", "TrainingInterrupted",
            "TIMING_FIELDS"]
 
 # log.jsonl fields that depend on the wall clock
@@ -443,12 +443,17 @@ def train_or_reuse(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = 
         metrics = finished_metrics(cfg)
         if metrics is not None:
             return metrics
+    with open_run(cfg, resume=resume, overwrite=overwrite) as trainer:
+        return trainer.train()
+
+
+def open_run(cfg: LoopConfig, *, resume: bool = False, overwrite: bool = False) -> Trainer:
+    """The Trainer of cfg's run: with resume, continued from its checkpoint (started over
+    when it stopped before its first one); otherwise a fresh run, overwrite replacing
+    whatever the folder holds."""
     if resume:
         try:
-            trainer = Trainer(cfg, resume=True)
+            return Trainer(cfg, resume=True)
         except FileNotFoundError:  # stopped before its first checkpoint
-            trainer = Trainer(cfg, overwrite=True)
-    else:
-        trainer = Trainer(cfg, overwrite=overwrite)
-    with trainer:
-        return trainer.train()
+            return Trainer(cfg, overwrite=True)
+    return Trainer(cfg, overwrite=overwrite)
