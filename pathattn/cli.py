@@ -20,6 +20,10 @@ DIR/results.json and DIR/error_vs_step.png.
 `pathattn layers --task a5 --length K --attns path rope --out DIR` finds, per attention
 type, the fewest layers whose final score reaches 0.9 (`pathattn.train.sweep`).
 
+compare and layers take `--seeds S...`: one run (or sweep) per attention type and seed, and
+reports of each seed's value with the median, min and max over the seeds
+(`pathattn.train.seeds`; without --seeds, the one seed of --seed).
+
 Run folders (`pathattn.train.run_dir`): train, compare and layers refuse a --out that
 already holds a run unless --resume (continue it) or --overwrite (replace it) is given, and
 lock it while they write: a second command on the same --out exits at once (status 1).
@@ -249,15 +253,18 @@ def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="train several attention types on one task",
-                       description="Train one model per attention type with the same "
-                       "options; write DIR/results.md, results.json and error_vs_step.png.")
+                       description="Train one model per attention type (and seed, "
+                       "--seeds) with the same options; write DIR/results.md, results.json "
+                       "and error_vs_step.png.")
     _add_task_flag(p)
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         if dest != "attn":
             p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     _add_task_options(p)
+    add_model_arg_flag(p)
     p.add_argument("--attns", nargs="+", default=["path", "rope"],
                    help="attention types to compare (default: path rope)")
+    _add_seeds_flag(p, "one run per attention type and seed")
     p.add_argument("--out", required=True, help="output directory")
     _add_run_dir_flags(p, "reuse the finished runs in --out, continue the others from their "
                        "checkpoints", "replace the runs in --out")
@@ -265,20 +272,38 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_compare)
 
 
-def _run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .train import TrainConfig, compare, markdown_table
+def _add_seeds_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """--seeds S... of compare and layers (`pathattn.train.seeds`)."""
+    p.add_argument("--seeds", nargs="+", type=int, default=None, metavar="S",
+                   help=f"seeds to run, distinct non-negative ints: {what}; the runs of "
+                   "--seed stay in the one-seed folders, the others get a -seed<S> suffix "
+                   "(default: --seed alone)")
+
+
+def _multi_run_base(args: argparse.Namespace, skip: tuple[str, ...]):
+    """The base TrainConfig of compare / layers: the options given but `skip` (the fields
+    the command varies itself), the task's, and --model-arg."""
+    from .train import TrainConfig
 
     given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
-             if dest != "attn" and getattr(args, dest) is not None}
+             if dest not in skip and getattr(args, dest) is not None}
     given.update(_given_task_fields(args))
+    if args.model_arg:
+        given["model"] = model_args(args.model_arg)
+    return TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
+                       progress=not args.no_progress)
+
+
+def _run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .train.compare import compare, results_markdown
+
     try:
-        base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
-                           progress=not args.no_progress)
-        final = compare(base, args.attns, args.out, resume=args.resume,
-                        overwrite=args.overwrite)
+        base = _multi_run_base(args, ("attn",))
+        report = compare(base, args.attns, args.out, seeds=args.seeds, resume=args.resume,
+                         overwrite=args.overwrite)
     except ValueError as e:
         parser.error(str(e))
-    print(markdown_table(final, base.task), end="")
+    print(results_markdown(report, base.task), end="")
     print(f"wrote {args.out}/results.md, results.json and error_vs_step.png")
     return 0
 
@@ -287,15 +312,18 @@ def _add_layers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("layers", help="fewest layers that solve a task, per attention type",
                        description="For each attention type train depths 1, 2, ... (--depths) "
                        "with the same options and stop at the first whose score reaches "
-                       "--threshold (word problems: val sequence accuracy). Writes "
-                       "DIR/layers.md and layers.json; finished runs in DIR are reused.")
+                       "--threshold (word problems: val sequence accuracy), per seed with "
+                       "--seeds. Writes DIR/layers.md and layers.json; finished runs in DIR "
+                       "are reused.")
     _add_task_flag(p)
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         if dest not in ("attn", "layers"):
             p.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     _add_task_options(p)
+    add_model_arg_flag(p)
     p.add_argument("--attns", nargs="+", default=["path", "rope"],
                    help="attention types (default: path rope)")
+    _add_seeds_flag(p, "one sweep per attention type and seed")
     p.add_argument("--depths", nargs="+", type=int, default=[1, 2, 3, 4],
                    help="depths to try, in increasing order (default 1 2 3 4)")
     p.add_argument("--threshold", type=float, default=0.9, help="solved score (0.9)")
@@ -307,19 +335,16 @@ def _add_layers(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_layers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .train import TrainConfig, fewest_layers, layers_table
+    from .train.sweep import fewest_layers, layers_markdown
 
-    given = {dest: getattr(args, dest) for _, dest, _, _ in TRAIN_OPTIONS
-             if dest not in ("attn", "layers") and getattr(args, dest) is not None}
-    given.update(_given_task_fields(args))
     try:
-        base = TrainConfig(**given, attn=args.attns[0], out_dir=args.out,
-                           progress=not args.no_progress)
+        base = _multi_run_base(args, ("attn", "layers"))
         results = fewest_layers(base, args.attns, args.depths, args.out, args.threshold,
-                                resume=args.resume, overwrite=args.overwrite)
+                                seeds=args.seeds, resume=args.resume,
+                                overwrite=args.overwrite)
     except ValueError as e:
         parser.error(str(e))
-    print(layers_table(results, base, args.threshold), end="")
+    print(layers_markdown(results, base, args.threshold), end="")
     print(f"wrote {args.out}/layers.md and layers.json")
     return 0
 
