@@ -4,7 +4,7 @@ distillation (`pathattn.convert.pipeline.convert`).
     pathattn convert --teacher DIR --data DATA --out OUT [--attn path|path_fox]
                      [--stage1-tokens N] [--stage2-tokens N] [--seq-len L] [--batch-size B]
                      [--stage1-lr LR] [--stage2-lr LR] [--stage2-params all|attention]
-                     [--resume | --overwrite]
+                     [--resume | --overwrite] [--dp ddp|fsdp]
 
 DIR: a LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM folder
 (SmolLM2 included); DATA: a folder prepared with the teacher's tokenizer (`pathattn
@@ -13,6 +13,12 @@ prepare --tokenizer DIR`). Stage 1 aligns every attention layer with the teacher
 distributions (KL); OUT/hf is the PaTH model with the teacher's tokenizer, OUT/metrics.json
 the teacher's and the student's validation perplexity after each stage and the final KL.
 Continue with `pathattn pretrain --init OUT/hf ...` for a third stage of ordinary training.
+
+Under `torchrun --nproc_per_node=P -m pathattn convert ... --dp ddp|fsdp` the stages are
+data-parallel over P ranks, with the single-process loss curve for the same global
+batches; `--dp fsdp` shards the teacher and the student over the ranks (a teacher too
+large for one device), checkpoints with torch.distributed.checkpoint, and gathers the
+final student onto rank 0 for OUT/hf.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument("--overwrite", action="store_true",
                        help="replace the conversion in --out")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    p.add_argument("--dp", choices=("ddp", "fsdp"), default="ddp",
+                   help="under torchrun: replicate the teacher and the student (ddp, "
+                        "default) or shard both with FSDP2 (fsdp)")
 
 
 def convert_options(args: argparse.Namespace) -> dict:
@@ -98,11 +107,21 @@ def run_convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     try:
         options = convert_options(args)
         summary = convert(args.teacher, args.data, args.out, resume=args.resume,
-                          overwrite=args.overwrite, **options)
+                          overwrite=args.overwrite, dp=args.dp, **options)
     except (ValueError, DataError, OSError) as e:
         parser.error(str(e))
+    _close_process_group()
     if "teacher_ppl" in summary:
         print(f"wrote {args.out}/hf and {args.out}/metrics.json")
         print(json.dumps({k: summary[k] for k in ("teacher_ppl", "final_ppl", "final_kl",
                                                   "ppl_ratio")}))
     return 0
+
+
+def _close_process_group() -> None:
+    """Under torchrun: wait for every rank, then tear the process group down."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

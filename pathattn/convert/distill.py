@@ -28,8 +28,15 @@ teacher takes ordinary [B, T] batches. Evaluation (`distill_metrics`) reports, o
 validation split, the teacher's and the student's loss and perplexity, the KL and the
 stage-1 MSE, as val_teacher_ppl, val_student_ppl, val_kl, val_mse, ...
 
-One process only: the loop's data-parallel paths compute a cross-entropy from logits
-themselves, which a distillation loss is not, so a run under torchrun is refused.
+Under torchrun (`pathattn convert --dp ddp|fsdp`) a stage runs on the loop's
+data-parallel path like pretraining: each rank reads its own rows of every global batch
+(`TokenLoader` over the replicas), the stage's loss is a mean over scored positions, which
+the loop weights by each rank's count, so the loss curve is the one-process one for the
+same global batches. With "ddp" every rank holds the teacher and the student; with "fsdp"
+both are sharded (`shard_distill_model`): the teacher by `shard_frozen` (each decoder
+layer a unit, gathered for its forward only), the student per block and per attention
+layer (stage 1 calls the attention layers on their own), checkpoints by
+`torch.distributed.checkpoint`.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data import EvalLoader, TokenDataset, TokenLoader
+from ..distributed import register_shard_plan, shard_frozen, shard_units
 from ..models import IGNORE_INDEX
 from ..train.evaluate import autocast_context
 from ..train.loop_config import LoopConfig
@@ -57,7 +65,7 @@ from .student import PaTHInit, student_from_teacher
 
 __all__ = ["DistillConfig", "DistillModel", "distill_metrics", "distill_workload",
            "kl_divergence", "stage_workload", "trainable_parameters", "export_student",
-           "load_teacher", "STAGE_PARAMS"]
+           "load_teacher", "shard_distill_model", "unsharded_student", "STAGE_PARAMS"]
 
 STAGE_PARAMS = ("attention", "all")
 
@@ -144,11 +152,10 @@ def trainable_parameters(student: nn.Module, params: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _attention_taps(teacher: nn.Module):
-    """Within the block, each teacher layer's attention input [B, T, hidden] (after its
-    norm) and output [B, T, hidden] are recorded in the yielded lists (forward hooks,
-    PyTorch's documented seam of a module)."""
-    family = family_of(teacher)
+def _attention_taps(teacher: nn.Module, family):
+    """Within the block, each layer of `teacher` (of mapping `family`) records its
+    attention input [B, T, hidden] (after its norm) and output [B, T, hidden] in the
+    yielded lists (forward hooks, PyTorch's documented seam of a module)."""
     inputs, outputs = [], []
     handles = []
 
@@ -180,7 +187,7 @@ class DistillModel(nn.Module):
         super().__init__()
         if stage not in (1, 2):
             raise ValueError(f"stage must be 1 or 2, got {stage!r}")
-        family_of(teacher)  # UnsupportedTeacher early
+        self.family = family_of(teacher)  # the teacher's weight map; UnsupportedTeacher early
         self.__dict__["teacher"] = teacher.eval().requires_grad_(False)
         self.student = student
         self.stage = stage
@@ -192,9 +199,11 @@ class DistillModel(nn.Module):
 
     @torch.no_grad()
     def teacher_attention(self, input_ids: torch.Tensor):
-        """The teacher's per-layer attention inputs and outputs, lists of [B, T, hidden]."""
-        with _attention_taps(self.teacher) as (inputs, outputs):
-            self.teacher.model(input_ids=input_ids, use_cache=False)
+        """The teacher's per-layer attention inputs and outputs, lists of [B, T, hidden].
+        The teacher runs whole (its root forward, which a sharded teacher needs to gather
+        its embedding), with the logits of the last position only."""
+        with _attention_taps(self.teacher, self.family) as (inputs, outputs):
+            self.teacher(input_ids=input_ids, use_cache=False, logits_to_keep=1)
         return inputs, outputs
 
     def attention_mse(self, input_ids: torch.Tensor, mask: torch.Tensor,
@@ -231,6 +240,45 @@ class DistillModel(nn.Module):
             return None, self.attention_mse(input_ids, mask)
         return None, self.kl(input_ids, mask)
 
+    @torch.no_grad()
+    def evaluation_sums(self, input_ids: torch.Tensor, labels: torch.Tensor
+                        ) -> dict[str, float]:
+        """One validation batch, input_ids and labels [B, T]: the sums over its n scored
+        positions of the teacher's and the student's cross-entropy, the KL and the stage-1
+        MSE, and n: {"teacher_loss", "student_loss", "kl", "mse", "tokens"}. A sharded
+        model runs it as a forward (`shard_distill_model`)."""
+        mask = labels != IGNORE_INDEX
+        n = int(mask.sum())
+        with _attention_taps(self.teacher, self.family) as taps:
+            t_logits = self.teacher(input_ids=input_ids, use_cache=False).logits
+        s_logits = self.student(input_ids=input_ids, use_cache=False).logits
+        mse = self.attention_mse(input_ids, mask, taps)
+        V = t_logits.shape[-1]
+        sums = {key: float(F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1),
+                                           reduction="sum", ignore_index=IGNORE_INDEX))
+                for key, logits in (("teacher_loss", t_logits), ("student_loss", s_logits))}
+        sums["kl"] = float(kl_divergence(t_logits, s_logits, mask)) * n
+        sums["mse"] = float(mse) * n
+        sums["tokens"] = n
+        return sums
+
+
+@register_shard_plan(DistillModel)
+def shard_distill_model(model: DistillModel, dtype: str = "float32") -> None:
+    """FSDP2 plan of a `DistillModel` (`pathattn.distributed.shard_model`): the teacher by
+    `shard_frozen` (each decoder layer a unit, the root freed after every forward); the
+    student's attention layers and blocks as units (stage 1 calls the attention layers on
+    their own, so they gather their own parameters), the model as the root holding the
+    student's embedding, final norm and head; `evaluation_sums` runs as a forward."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    shard_frozen(model.teacher, dtype)
+    units = []
+    for block in model.student.model.layers:
+        units += [block.attn, block]
+    shard_units(model, units, dtype)
+    register_fsdp_forward_method(model, "evaluation_sums")
+
 
 def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor,
                   mask: torch.Tensor) -> torch.Tensor:
@@ -261,22 +309,12 @@ def distill_metrics(model: DistillModel, loader: EvalLoader, batches: int | None
                 break
             if batch.num_scored == 0:
                 continue
-            ids, labels = batch.input_ids.to(device), batch.labels.to(device)
-            mask = labels != IGNORE_INDEX
-            n = int(mask.sum())
             with autocast_context(dtype, torch.device(device)):
-                with _attention_taps(model.teacher) as taps:
-                    t_logits = model.teacher(input_ids=ids, use_cache=False).logits
-                s_logits = model.student(input_ids=ids, use_cache=False).logits
-                mse = model.attention_mse(ids, mask, taps)
-            V = t_logits.shape[-1]
-            for key, logits in (("teacher_loss", t_logits), ("student_loss", s_logits)):
-                sums[key] += float(F.cross_entropy(logits.float().reshape(-1, V),
-                                                   labels.reshape(-1), reduction="sum",
-                                                   ignore_index=IGNORE_INDEX))
-            sums["kl"] += float(kl_divergence(t_logits, s_logits, mask)) * n
-            sums["mse"] += float(mse) * n
-            count += n
+                batch_sums = model.evaluation_sums(batch.input_ids.to(device),
+                                                   batch.labels.to(device))
+            for key in sums:
+                sums[key] += batch_sums[key]
+            count += batch_sums["tokens"]
     finally:
         model.train(was_training)
     out = {k: v / max(count, 1) for k, v in sums.items()}
@@ -309,9 +347,11 @@ def build_student(cfg: DistillConfig, teacher: nn.Module) -> nn.Module:
 
 
 def stage_workload(cfg: DistillConfig, teacher: nn.Module, student: nn.Module,
-                   device: torch.device | str = "cpu") -> Workload:
+                   device: torch.device | str = "cpu", replica: tuple[int, int] = (0, 1)
+                   ) -> Workload:
     """The Workload of one stage for an in-memory teacher and student (Python API; the
-    command builds them from folders, `distill_workload`)."""
+    command builds them from folders, `distill_workload`); replica = (index, count) of
+    this data-parallel replica under torchrun, which reads its own rows."""
     cfg.validate()
     device = torch.device(device)
     train = TokenDataset(cfg.data, "train")
@@ -321,7 +361,9 @@ def stage_workload(cfg: DistillConfig, teacher: nn.Module, student: nn.Module,
                          "the teacher's tokenizer")
     trainable_parameters(student, cfg.params)
     model = DistillModel(teacher.to(device), student.to(device).train(), cfg.stage)
-    loader = TokenLoader(train, cfg.seq_len, cfg.batch_size, mode="windows", seed=cfg.seed)
+    index, count = replica
+    loader = TokenLoader(train, cfg.seq_len, cfg.batch_size, mode="windows", seed=cfg.seed,
+                         rank=index, world_size=count)
     val = EvalLoader(cfg.data, cfg.seq_len, cfg.batch_size, mode="windows")
 
     def evaluate(m, batches):
@@ -336,12 +378,28 @@ def stage_workload(cfg: DistillConfig, teacher: nn.Module, student: nn.Module,
 def distill_workload(cfg: DistillConfig, device: torch.device,
                      replica: tuple[int, int] = (0, 1)) -> Workload:
     """`Trainer(cfg)`: the teacher from cfg.teacher, the student from cfg.student or built
-    from the teacher, one process only (module docstring)."""
-    if replica[1] > 1:
-        raise ValueError("convert: distillation runs in one process (torchrun's "
-                         "data-parallel loss is a cross-entropy, not a distillation loss)")
+    from the teacher; under torchrun this replica's rows of every global batch (replica =
+    (index, count))."""
     teacher = load_teacher(cfg.teacher, device)
-    return stage_workload(cfg, teacher, build_student(cfg, teacher), device)
+    return stage_workload(cfg, teacher, build_student(cfg, teacher), device, replica)
+
+
+def unsharded_student(config, state: dict[str, torch.Tensor]) -> nn.Module:
+    """A `PaTHForCausalLM` of HF config `config` holding the student weights of `state`, a
+    full state dict of a `DistillModel` ("student.<name>" keys, e.g. gathered from FSDP
+    shards by `pathattn.distributed.full_state_dict`), in float32 on the CPU."""
+    from ..hf import PaTHForCausalLM
+
+    student = PaTHForCausalLM(config)
+    weights = {k.removeprefix("student."): v for k, v in state.items()
+               if k.startswith("student.")}
+    missing, unexpected = student.load_state_dict(weights, strict=False)
+    tied = set(getattr(student, "_tied_weights_keys", None) or {}) \
+        if config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"state: not a DistillModel's student (missing "
+                         f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)})")
+    return student.float().eval()
 
 
 def export_student(student: nn.Module, out: str | os.PathLike,

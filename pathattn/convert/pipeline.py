@@ -17,6 +17,11 @@ Each stage is one run folder of the training loop: `resume=True` continues a sta
 last checkpoint and skips a stage that has finished (same config, exported student), so
 an interrupted conversion picks up where it stopped; `overwrite=True` starts over,
 deleting only the files this layout names.
+
+Under torchrun (`dp="ddp"` or `"fsdp"`, `pathattn.convert.distill`) every rank runs the
+same stages; rank 0 decides what is finished (and tells the others), locks `out`, writes
+the files of this layout and the exports (a sharded student is gathered onto rank 0
+first), and every rank waits for its writes before the next stage reads them.
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
+from ..distributed import DP_MODES, full_state_dict, init_from_env
 from ..train.checkpoint import atomic_write_bytes
 from ..train.run_dir import finished_metrics, lock_run_dir
-from .distill import DistillConfig, export_student
+from .distill import DistillConfig, export_student, unsharded_student
 from .student import DEFAULT_INIT, PaTHInit
 
 __all__ = ["convert", "stage_configs", "steps_for_tokens", "teacher_tokenizer"]
@@ -92,24 +100,64 @@ def _write_json(path: Path, data: dict) -> None:
     atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _from_main(value):
+    """Rank 0's value on every rank (the value itself in one process)."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _export(trainer, export_to: Path, tokenizer) -> None:
+    """`export_student` of the trainer's student by rank 0; a sharded student is gathered
+    onto rank 0 first (a collective every rank calls)."""
+    student = trainer.model.student
+    if trainer.sharded:
+        state = full_state_dict(trainer.model)  # {"student.<name>": tensor} on rank 0
+        if not trainer.is_main:
+            return
+        student = unsharded_student(student.config, state)
+    if trainer.is_main:
+        export_student(student, export_to, tokenizer)
+
+
 def _run_stage(cfg: DistillConfig, export_to: Path, tokenizer, *, resume: bool,
-               overwrite: bool, init_file: Path | None = None) -> dict[str, Any]:
+               overwrite: bool, init_file: Path | None = None, dp: str = "ddp"
+               ) -> dict[str, Any]:
     """Train one stage (or reuse it when finished and resume), export its student to
-    export_to; returns its final metrics. init_file: where the first stage writes the
-    metrics of the untrained student (computed once)."""
+    export_to; returns its final metrics ({"step": k} when stopped early, and on ranks
+    other than 0). init_file: where the first stage writes the metrics of the untrained
+    student (computed once). dp: the Trainer's under torchrun."""
     from ..train.trainer import open_run
 
     if resume and not overwrite:
         done = finished_metrics(cfg)
-        if done is not None and (export_to / "config.json").exists():
+        done = _from_main(done if done is not None and (export_to / "config.json").exists()
+                          else None)
+        if done is not None:
             return done
-    with open_run(cfg, resume=resume, overwrite=overwrite) as trainer:
-        if init_file is not None and trainer.step == 0 and _read_json(init_file) is None:
+    options = {"dp": dp} if dist.is_initialized() else {}
+    with open_run(cfg, resume=resume, overwrite=overwrite, **options) as trainer:
+        if (init_file is not None and trainer.step == 0
+                and _from_main(_read_json(init_file) is None)
+                and (trainer.is_main or trainer.sharded)):  # sharded: a collective
             init = trainer.evaluate(cfg.final_eval_batches)["val"]
-            _write_json(init_file, {"step": 0, **{f"val_{k}": v for k, v in init.items()}})
+            if trainer.is_main:
+                _write_json(init_file, {"step": 0, **{f"val_{k}": v for k, v in init.items()}})
         metrics = trainer.train()
         if trainer.step == cfg.steps:
-            export_student(trainer.model.student, export_to, tokenizer)
+            _export(trainer, export_to, tokenizer)
+        _barrier()  # the export and the logs are on disk for every rank
     return metrics
 
 
@@ -131,7 +179,8 @@ def _summary(metrics: list[dict], init: dict | None) -> dict[str, Any]:
 
 
 def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *,
-            resume: bool = False, overwrite: bool = False, **options) -> dict[str, Any]:
+            resume: bool = False, overwrite: bool = False, dp: str = "ddp",
+            **options) -> dict[str, Any]:
     """Convert the teacher folder into a PaTH model in out/hf (module docstring).
 
     Args:
@@ -141,34 +190,46 @@ def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.P
         out: the output folder.
         resume: continue an interrupted conversion (finished stages are kept).
         overwrite: start over in a folder that holds a conversion.
+        dp: under torchrun, "ddp" (every rank holds the teacher and the student) or "fsdp"
+            (both sharded over the ranks; `pathattn.convert.distill`).
         **options: `stage_configs` options (stage1_tokens, stage2_tokens, seq_len,
             batch_size, attn_type, stage1_lr, stage2_lr, stage2_params, init,
             student_options, and LoopConfig fields such as dtype, seed, progress).
 
-    Returns the summary written to out/metrics.json.
+    Returns the summary written to out/metrics.json ({"step": k} when a stage stopped
+    early, and on ranks other than 0 under torchrun).
     """
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other (--resume continues the "
                          "conversion in the folder, --overwrite replaces it)")
+    if dp not in DP_MODES:
+        raise ValueError(f"dp must be one of {DP_MODES}, got {dp!r}")
+    if not init_from_env() and dp != "ddp":
+        raise ValueError(f"dp={dp!r} needs torch.distributed (launch with torchrun "
+                         "--nproc_per_node ...)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfgs = stage_configs(str(teacher), str(data), str(out), **options)
     tokenizer = teacher_tokenizer(str(teacher), str(data))
-    lock = lock_run_dir(out)
+    main = _is_main()
+    lock = lock_run_dir(out) if main else None
     try:
-        if overwrite:
+        if overwrite and main:
             for name in _OWN_FILES:
                 (out / name).unlink(missing_ok=True)
             shutil.rmtree(out / "hf", ignore_errors=True)
+        _barrier()
         metrics = []
         for i, cfg in enumerate(cfgs):
             last = i == len(cfgs) - 1
             export_to = out / "hf" if last and cfg.stage == 2 else Path(cfg.out_dir) / "hf"
             metrics.append(_run_stage(cfg, export_to, tokenizer, resume=resume,
-                                      overwrite=overwrite,
+                                      overwrite=overwrite, dp=dp,
                                       init_file=out / "init_metrics.json" if i == 0 else None))
-            if len(metrics[-1]) == 1:  # stopped early ({"step": k}): nothing more to do
-                return metrics[-1]
+            if metrics[-1]["step"] < cfg.steps:  # stopped early: nothing more to do
+                return {"step": metrics[-1]["step"]}
+        if not main:
+            return {"step": cfgs[-1].steps}
         if cfgs[-1].stage == 1:  # no stage 2: the stage-1 student is the result
             export_to = Path(cfgs[0].out_dir) / "hf"
             tmp = out / ".hf.tmp"
@@ -181,4 +242,5 @@ def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.P
         _write_json(out / "metrics.json", summary)
         return summary
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()

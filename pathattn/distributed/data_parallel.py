@@ -13,12 +13,19 @@ replicas times N context-parallel ranks (rank = replica * N + shard):
 * the model is wrapped in DistributedDataParallel over all W ranks (`dp="ddp"`) or
   sharded over them with FSDP2 (`dp="fsdp"`, `pathattn.distributed.fsdp`), and run inside
   `context_parallel(model, group)` when N > 1;
-* the objective each rank back-propagates is (sum of its token losses) * W / n, with n the
-  number of scored targets of the *global* batch (known to every rank): DDP averages the
-  W gradients, so the update is the gradient of the global batch's mean loss over scored
-  tokens, as in the single-process run (not a mean of per-rank means, which would weight
-  tokens differently when ranks score different numbers of targets). The logged loss is
-  the all-reduced sum / n.
+* the model is any module whose forward takes the micro-batch's keyword arguments
+  (input_ids, labels [b, t], ...) and returns (logits or None, loss), with loss the mean
+  of a per-token loss over this rank's scored positions (labels != -100): a `PaTHLM`'s
+  cross-entropy, or a distillation loss (`pathattn.convert.DistillModel`). The loop's
+  single-process rule for micro-batches applies across ranks: a rank's loss counts in
+  proportion to its n_r scored positions. The objective each rank back-propagates is
+  loss * n_r * W / n, with n the number of scored targets of the *global* batch (known to
+  every rank): DDP and FSDP average the W gradients, so the update is the gradient of the
+  global batch's mean loss over scored tokens, as in the single-process run (not a mean
+  of per-rank means, which would weight tokens differently when ranks score different
+  numbers of targets). The logged loss is the all-reduced sum of loss * n_r, over n. A
+  rank without a scored position still runs its forward and backward (every rank takes
+  part in the gradient reduction), with one position scored and weight 0.
 
 Data that each rank reads itself (pretraining: `pathattn.data.TokenLoader`) is split over
 the W / N replicas by `replica_layout`; the N ranks of a replica read the same rows and keep
@@ -36,13 +43,13 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from ..models import IGNORE_INDEX
 from .model_parallel import context_parallel
 
-__all__ = ["DistributedTraining", "torchrun_world_size", "replica_layout", "DP_MODES"]
+__all__ = ["DistributedTraining", "torchrun_world_size", "replica_layout", "DP_MODES",
+           "init_from_env"]
 
 
 def torchrun_world_size() -> int:
@@ -76,6 +83,19 @@ def replica_layout(context_parallel: int = 1) -> tuple[int, int, int, int]:
     return dp_rank, world // cp, cp_rank, cp
 
 
+def init_from_env(device: torch.device | str = "cpu") -> bool:
+    """Under torchrun (WORLD_SIZE > 1): initialise the default process group from its
+    variables unless it is already (gloo on CPU, NCCL on CUDA); returns whether this is a
+    multi-process run. For commands that coordinate ranks around the training loop
+    (`pathattn convert` between its stages)."""
+    if dist.is_initialized():
+        return dist.get_world_size() > 1
+    if torchrun_world_size() <= 1:
+        return False
+    _init_from_env(torch.device(device))
+    return True
+
+
 def _init_from_env(device: torch.device) -> None:
     if dist.is_initialized():
         return
@@ -97,9 +117,9 @@ class DistributedTraining:
         model: the model (unchanged; FSDP shards its parameters in place).
         context_parallel: ranks sharing each sequence (a divisor of the world size).
         dp: "ddp" (`DistributedDataParallel`: every rank holds the whole model) or "fsdp"
-            (`torch.distributed.fsdp.fully_shard` of each block of `model.layers`, then of
-            the root: parameters, gradients and optimizer state sharded over all ranks,
-            gathered per block for its forward and backward).
+            (`pathattn.distributed.fsdp.shard_model`: by default `fully_shard` of each
+            transformer block, then of the root; parameters, gradients and optimizer state
+            sharded over all ranks, gathered per block for its forward and backward).
         dtype: "bfloat16" gives FSDP a mixed-precision policy (bf16 parameters in compute,
             float32 gradient reduction, float32 master weights); ignored by DDP, which
             runs under the loop's autocast.
@@ -170,26 +190,17 @@ class DistributedTraining:
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """Global batch tokens, targets [B, T] -> (loss, objective): loss is the global
-        batch's mean cross-entropy over scored targets (detached, equal on every rank),
-        objective the tensor this rank back-propagates (module docstring)."""
+        batch's mean loss over scored targets (detached, equal on every rank), objective the
+        tensor this rank back-propagates (module docstring)."""
         n = int((targets != IGNORE_INDEX).sum())
         tok, tgt = self.shard(tokens), self.shard(targets)
         cp = (context_parallel(self.module, self.cp_group) if self.cp > 1
               else contextlib.nullcontext())
-        with cp:
-            logits, _ = self.ddp(tok)  # [b, t, V]
-        V = logits.shape[-1]
-        total = F.cross_entropy(logits.float().reshape(-1, V), tgt.reshape(-1).long(),
-                                ignore_index=IGNORE_INDEX, reduction="sum")
-        summed = total.detach().clone()
-        dist.all_reduce(summed)
-        denom = max(n, 1)  # no scored target: zero objective (single process: NaN loss)
-        loss = summed / denom if n else summed * float("nan")
-        return loss, total * (self.world_size / denom)
+        return self._weighted({"input_ids": tok, "labels": tgt}, n, cp)
 
     def shard_loss(self, inputs: dict[str, torch.Tensor], global_scored: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A micro-batch already cut to this replica's rows (`PaTHLM.forward` arguments:
+        """A micro-batch already cut to this replica's rows (the model's forward arguments:
         input_ids, labels [b, T], optionally cu_seqlens) and the number of scored targets of
         the global micro-batch over all replicas -> (the micro-batch's mean loss over those
         targets, all-reduced and detached; the objective this rank back-propagates): the
@@ -197,28 +208,39 @@ class DistributedTraining:
         (`pathattn.data.TokenLoader` over `replica_layout`). Under context parallelism each
         rank keeps its sequence shard of the rows (plain windows only: packed rows would
         need the ring to know the documents)."""
-        labels, ids = inputs["labels"], inputs["input_ids"]
-        cu = inputs.get("cu_seqlens")
+        inputs = dict(inputs)
         cp = contextlib.nullcontext()
         if self.cp > 1:
-            if cu is not None:
+            if inputs.get("cu_seqlens") is not None:
                 raise ValueError("cu_seqlens: context parallelism takes plain windows "
                                  "(--packing windows), not packed documents")
-            if ids.shape[1] < self.cp:
-                raise ValueError(f"seq_len: rows of {ids.shape[1]} tokens cannot be split "
-                                 f"over {self.cp} sequence shards")
-            ids = torch.tensor_split(ids, self.cp, dim=1)[self.cp_rank]  # [b, T / cp]
-            labels = torch.tensor_split(labels, self.cp, dim=1)[self.cp_rank]
+            T = inputs["input_ids"].shape[1]
+            if T < self.cp:
+                raise ValueError(f"seq_len: rows of {T} tokens cannot be split over "
+                                 f"{self.cp} sequence shards")
+            for key in ("input_ids", "labels"):  # [b, T / cp]
+                inputs[key] = torch.tensor_split(inputs[key], self.cp, dim=1)[self.cp_rank]
             cp = context_parallel(self.module, self.cp_group)
+        return self._weighted(inputs, int(global_scored), cp)
+
+    def _weighted(self, inputs: dict[str, torch.Tensor], n_global: int, cp
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(global mean loss, this rank's objective) of this rank's part `inputs` of a
+        batch with n_global scored targets (module docstring)."""
+        labels = inputs["labels"]
+        n = int((labels != IGNORE_INDEX).sum())
+        if n == 0:  # a mean over nothing is NaN: score one position, with weight 0
+            labels = labels.clone()
+            labels.view(-1)[0] = inputs["input_ids"].reshape(-1)[0]
+            inputs = {**inputs, "labels": labels}
         with cp:
-            logits, _ = self.ddp(ids, cu_seqlens=cu)  # [b, t, V]
-        V = logits.shape[-1]
-        total = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1).long(),
-                                ignore_index=IGNORE_INDEX, reduction="sum")
-        summed = total.detach().clone()
+            _, loss = self.ddp(**inputs)
+        local = loss.float() * n  # this rank's sum of per-token losses
+        summed = local.detach().clone()
         dist.all_reduce(summed)
-        denom = max(int(global_scored), 1)
-        return summed / denom, total * (self.world_size / denom)
+        denom = max(n_global, 1)  # no scored target: zero objective (single process: NaN)
+        mean = summed / denom if n_global else summed * float("nan")
+        return mean, local * (self.world_size / denom)
 
     def barrier(self) -> None:
         dist.barrier()

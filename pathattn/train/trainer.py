@@ -3,9 +3,20 @@ synthetic tasks of `pathattn.tasks` (`TrainConfig`) and language-model pretraini
 (`PretrainConfig`).
 
 One optimizer step per training step of the workload: forward of each micro-batch
-(autocast for dtype="bfloat16"), mean cross-entropy over the step's scored targets,
-backward (gradients accumulated over the micro-batches), gradient clipping, AdamW with the
-learning rate of `lr_at`. Outputs in `cfg.out_dir`:
+(autocast for dtype="bfloat16"), the model's loss as the mean over the step's scored
+targets, backward (gradients accumulated over the micro-batches), gradient clipping,
+AdamW with the learning rate of `lr_at`.
+
+The model's contract: forward(**micro_batch) -> (logits or None, loss), with loss the mean
+of a per-token loss over the micro-batch's scored positions (labels != -100): a
+`PaTHLM`'s cross-entropy, a distillation loss (`pathattn.convert.DistillModel`), anything
+of that form. The loop weights each micro-batch's loss by its number of scored positions,
+and under torchrun each rank's loss by its own count
+(`pathattn.distributed.DistributedTraining`: the per-rank sums of loss * count and the
+global count give the global batch's mean), so a step's loss and update are those of the
+mean over every scored position of the step, in one process or on P ranks alike.
+
+Outputs in `cfg.out_dir`:
 
     log.jsonl      one record per logged step: {"step", "loss", "lr", "grad_norm",
                    "tokens", "elapsed_s", "tokens_per_s"}; "loss" is that step's batch
@@ -111,7 +122,8 @@ class Trainer:
 
     Args:
         model: the module trained; its forward takes a micro-batch's keyword arguments and
-            returns (logits, loss) (`pathattn.models.PaTHLM`).
+            returns (logits or None, loss), loss a mean over the scored positions (module
+            docstring; `pathattn.models.PaTHLM`).
         train_data: an iterator of training steps (each a list of micro-batch dicts, see
             `pathattn.train.workload`) with `state_dict()`, `load_state_dict(state)` and
             `batches` (steps drawn so far), for exact resume. Under torchrun, data each
@@ -124,7 +136,8 @@ class Trainer:
         device: where the model runs (default CPU).
         context_parallel: under torchrun, the number of ranks that share each sequence
             (`pathattn.distributed.DistributedTraining`; data parallelism over the rest).
-        dp: under torchrun, "ddp" (every rank holds the model) or "fsdp" (FSDP2: parameters,
+        dp: under torchrun, "ddp" (every rank holds the model) or "fsdp" (FSDP2 by the
+            model's plan, `pathattn.distributed.shard_model`: parameters,
             gradients and optimizer state sharded over the ranks; checkpoints by
             `torch.distributed.checkpoint`, `pathattn.train.sharded_checkpoint`). Only rank
             0 writes logs and metrics (and locks the folder).
@@ -447,13 +460,14 @@ def train_or_reuse(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = 
         return trainer.train()
 
 
-def open_run(cfg: LoopConfig, *, resume: bool = False, overwrite: bool = False) -> Trainer:
+def open_run(cfg: LoopConfig, *, resume: bool = False, overwrite: bool = False,
+             **kwargs) -> Trainer:
     """The Trainer of cfg's run: with resume, continued from its checkpoint (started over
     when it stopped before its first one); otherwise a fresh run, overwrite replacing
-    whatever the folder holds."""
+    whatever the folder holds. kwargs: further Trainer options (dp, device, ...)."""
     if resume:
         try:
-            return Trainer(cfg, resume=True)
+            return Trainer(cfg, resume=True, **kwargs)
         except FileNotFoundError:  # stopped before its first checkpoint
-            return Trainer(cfg, overwrite=True)
-    return Trainer(cfg, overwrite=overwrite)
+            return Trainer(cfg, overwrite=True, **kwargs)
+    return Trainer(cfg, overwrite=overwrite, **kwargs)

@@ -92,14 +92,13 @@ def prepared(tmp_path_factory) -> Path:
     return make_prepared(tmp_path_factory.mktemp("convert_text"))
 
 
-@pytest.fixture(scope="session")
-def teacher_dir(prepared, tmp_path_factory) -> Path:
-    """A tiny float32 Llama folder with the prepared data's tokenizer. Its q and k weights
-    are scaled up (sharp, position-dependent attention), so that a student without RoPE
-    starts measurably away from it and the stages have something to fix."""
+def make_teacher_dir(prepared: Path, out: Path) -> Path:
+    """A tiny float32 Llama folder `out` with the tokenizer of `prepared` (a
+    `make_prepared` folder). Its q and k weights are scaled up (sharp, position-dependent
+    attention), so that a student without RoPE starts measurably away from it and the
+    stages have something to fix."""
     from transformers import AutoTokenizer
 
-    out = tmp_path_factory.mktemp("teacher") / "llama"
     torch.manual_seed(0)
     teacher = make_teacher("llama", dtype=torch.float32, scale=0.1, vocab_size=512,
                            hidden_size=32, intermediate_size=64, max_position_embeddings=128)
@@ -110,3 +109,9 @@ def teacher_dir(prepared, tmp_path_factory) -> Path:
     teacher.save_pretrained(out)
     AutoTokenizer.from_pretrained(prepared.parent / "tok").save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(prepared, tmp_path_factory) -> Path:
+    """`make_teacher_dir` of the session's prepared folder."""
+    return make_teacher_dir(prepared, tmp_path_factory.mktemp("teacher") / "llama")

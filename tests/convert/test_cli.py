@@ -89,6 +89,13 @@ def test_existing_output_needs_resume_or_overwrite(converted, teacher_dir, prepa
     assert "--resume" in capsys.readouterr().err
 
 
+def test_fsdp_needs_torchrun(teacher_dir, prepared, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([*convert_args(teacher_dir, prepared, tmp_path / "out"), "--dp", "fsdp"])
+    assert "torchrun" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_unsupported_teacher_is_named(prepared, tmp_path, capsys):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -1,6 +1,7 @@
 """The two distillation stages as workloads of the training loop: stage 1 lowers the
 attention-output MSE and trains the attention parameters only, stage 2 lowers
-KL(teacher || student), a stage resumes exactly, and the teacher never changes."""
+KL(teacher || student), a stage resumes exactly, the teacher never changes, and a
+data-parallel replica reads its rows of each global batch."""
 
 from __future__ import annotations
 
@@ -98,6 +99,15 @@ def test_config_errors(prepared, teacher_dir, tmp_path):
         stage_config(prepared, teacher_dir, tmp_path, 1, params="all")
     with pytest.raises(ValueError, match="stage must be 1 or 2"):
         stage_config(prepared, teacher_dir, tmp_path, 3)
-    with pytest.raises(ValueError, match="one process"):
-        distill_workload(stage_config(prepared, teacher_dir, tmp_path, 1),
-                         torch.device("cpu"), (0, 2))
+
+
+def test_a_replica_reads_its_rows_of_the_global_batch(prepared, teacher_dir, tmp_path):
+    """Under torchrun each data-parallel replica reads its own rows (the loop weights them
+    by the scored positions of the global batch)."""
+    cfg = stage_config(prepared, teacher_dir, tmp_path, 1, batch_size=3)
+    whole = next(distill_workload(cfg, torch.device("cpu")).train_data)[0]
+    parts = [next(distill_workload(cfg, torch.device("cpu"), (r, 2)).train_data)[0]
+             for r in range(2)]
+    assert [p["input_ids"].shape[0] for p in parts] == [2, 1]
+    assert torch.equal(torch.cat([p["input_ids"] for p in parts]), whole["input_ids"])
+    assert parts[1]["global_scored"] == whole["global_scored"] == 3 * 32
