@@ -4,19 +4,24 @@ Runs on any machine, GPU or not: Triton's compiler and ptxas ship in its wheel. 
 of a forward + backward (UT transform, forward scan, segment products, backward scan, UT
 backward) is compiled for sm_80 (A100, 166,912 B of shared memory per block) and sm_90
 (H100, 232,448 B) with the launch configuration `pathattn.ops.triton.config.launch_config`
-picks there, and its shared memory per program compared with the device's limit. Prints a
-markdown table (kernel, head dim, dtype, block size, shared memory on sm_80 / sm_90, and with
---ptxas registers and spills) and exits with status 1 when a kernel does not compile or does
-not fit.
+picks there, for R = 1 and several reflections per token, and its shared memory per program
+compared with the device's limit. Prints a markdown table (kernel, reflections per token,
+head dim, dtype, block size, shared memory on sm_80 / sm_90, and with --ptxas registers and
+spills) and exits with status 1 when a kernel does not compile or does not fit; a
+configuration the launcher refuses on a device (no block length fits its shared memory) is
+listed, not a failure.
 
     python benchmarks/triton_fit.py --quick     # CI: D in {64, 128, 256}, fp32 and bf16,
-                                                #     default block sizes (about a minute)
+                                                #     R in {1, 2, 4}, default block sizes
     python benchmarks/triton_fit.py             # D 16 ... 256 (48, 80, 96, 160, 192 too),
                                                 #     fp32 / bf16 / fp16, gates on and off,
-                                                #     every block size the launcher accepts
+                                                #     R in {1, 2, 3, 4, 8}, every block
+                                                #     size the launcher accepts
     python benchmarks/triton_fit.py --quick --ptxas   # + registers and spills (ptxas:
                                                       #   20 s to minutes per kernel)
-    python benchmarks/triton_fit.py --table     # remeasure config.SHARED_BYTES
+    python benchmarks/triton_fit.py --quick --reflections 2 --heads 64,128
+    python benchmarks/triton_fit.py --table     # remeasure config.SHARED_BYTES (and
+                                                #   SHARED_BYTES_REFLECTIONS)
 
 Shared memory is read after Triton's shared-memory allocation pass, which runs on the TTGIR
 at the start of the LLVM-IR stage: about 0.3 s per kernel instead of the 5-60 s the LLVM
@@ -48,12 +53,12 @@ def _rows(fits: list, by_block_size: bool) -> list[str]:
     size of each device, or (by_block_size) one row per block size."""
     by_key: dict = {}
     for f in fits:
-        key = (f.kernel, f.D, f.dtype, f.gates, f.G) + ((f.BT,) if by_block_size else ())
+        key = (f.kernel, f.R, f.D, f.dtype, f.gates, f.G) + ((f.BT,) if by_block_size else ())
         by_key.setdefault(key, {})[f.capability] = f
-    rows = ["| kernel | D | dtype | gates | G | BT sm_80 / sm_90 | stages | shared B sm_80 "
+    rows = ["| kernel | R | D | dtype | gates | G | BT sm_80 / sm_90 | stages | shared B sm_80 "
             "| shared B sm_90 | regs sm_80 / sm_90 | spills B sm_80 / sm_90 | fits |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (kernel, D, dtype, gates, G, *_), per in by_key.items():
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (kernel, R, D, dtype, gates, G, *_), per in by_key.items():
         a, h = per.get(80), per.get(90)
 
         def cell(f, attr):
@@ -61,7 +66,7 @@ def _rows(fits: list, by_block_size: bool) -> list[str]:
 
         ok = all(f.fits for f in per.values())
         rows.append(
-            f"| {kernel} | {D} | {_DT[dtype]} | {'on' if gates else 'off'} | {G} "
+            f"| {kernel} | {R} | {D} | {_DT[dtype]} | {'on' if gates else 'off'} | {G} "
             f"| {cell(a, 'BT')} / {cell(h, 'BT')} "
             f"| {cell(a, 'num_stages')} / {cell(h, 'num_stages')} "
             f"| {cell(a, 'shared')} | {cell(h, 'shared')} "
@@ -70,20 +75,34 @@ def _rows(fits: list, by_block_size: bool) -> list[str]:
     return rows
 
 
-def _table() -> int:
-    """Print `config.SHARED_BYTES` as measured now, in the layout of config.py."""
-    print("SHARED_BYTES = {")
+def _print_table(reflections: int, indent: str) -> None:
     for cap in (80, 90):
         t0 = time.time()
-        table = fit.measure_shared_table(cap)
-        print(f"    {cap}: {{  # measured in {time.time() - t0:.0f} s")
+        table = fit.measure_shared_table(cap, reflections)
+        print(f"{indent}    {cap}: {{  # measured in {time.time() - t0:.0f} s")
         for BD, row in table.items():
-            print(f"        {BD}: {{")
+            print(f"{indent}        {BD}: {{")
             for bt, values in row.items():
-                print(f"            {bt}: ({', '.join(map(str, values))}),")
-            print("        },")
-        print("    },")
-    print("}")
+                print(f"{indent}            {bt}: ({', '.join(map(str, values))}),")
+            print(f"{indent}        }},")
+        print(f"{indent}    }},")
+
+
+def _table(reflections: tuple[int, ...]) -> int:
+    """Print `config.SHARED_BYTES` (R = 1) and `config.SHARED_BYTES_REFLECTIONS` (the other
+    R, powers of two) as measured now, in the layout of config.py."""
+    if 1 in reflections:
+        print("SHARED_BYTES = {")
+        _print_table(1, "")
+        print("}")
+    others = [r for r in reflections if r > 1]
+    if others:
+        print("SHARED_BYTES_REFLECTIONS = {")
+        for r in others:
+            print(f"    {r}: {{")
+            _print_table(r, "    ")
+            print("    },")
+        print("}")
     return 0
 
 
@@ -94,25 +113,37 @@ def main(argv=None) -> int:
     p.add_argument("--ptxas", action="store_true",
                    help="run LLVM and ptxas too: registers and spills (minutes per kernel)")
     p.add_argument("--devices", default="sm_80,sm_90", help="comma-separated: sm_80, sm_90")
+    p.add_argument("--reflections", default=None,
+                   help="comma-separated reflections per token (default: the set's)")
+    p.add_argument("--heads", default=None, help="comma-separated head dims (default: the set's)")
     p.add_argument("--table", action="store_true",
-                   help="measure and print config.SHARED_BYTES instead")
+                   help="measure and print config.SHARED_BYTES / SHARED_BYTES_REFLECTIONS "
+                        "instead (R in --reflections, default 1, 2, 4, 8)")
     args = p.parse_args(argv)
+    reflections = None if args.reflections is None else tuple(
+        int(r) for r in args.reflections.split(","))
     if args.table:
-        return _table()
-    grid = fit.QUICK if args.quick else fit.FULL
+        return _table(reflections or (1, 2, 4, 8))
+    grid = dict(fit.QUICK if args.quick else fit.FULL)
+    if reflections is not None:
+        grid["reflections"] = reflections
+    if args.heads is not None:
+        grid["D"] = tuple(int(d) for d in args.heads.split(","))
     devices = tuple(args.devices.split(","))
     stage = "cubin" if args.ptxas else "shared"
     t0 = time.time()
 
     def progress(f):
         regs = "" if f.regs is None else f" regs {f.regs} spills {f.spills}"
-        print(f"  sm_{f.capability} {f.kernel:6s} D{f.D:<3d} {_DT[f.dtype]} BT{f.BT} G{f.G} "
+        print(f"  sm_{f.capability} {f.kernel:6s} R{f.R} D{f.D:<3d} {_DT[f.dtype]} BT{f.BT} "
+              f"G{f.G} "
               f"stages {f.num_stages} shared {f.shared}{regs}"
               + ("" if f.fits else "  > limit"), file=sys.stderr, flush=True)
 
     errors: list = []
+    refused: list = []
     fits = fit.run_checks(grid, devices, stage, all_block_sizes=not args.quick,
-                          progress=progress, errors=errors)
+                          progress=progress, errors=errors, refused=refused)
     failures = [f for f in fits if not f.fits]
     print(f"Triton kernels compiled for {', '.join(devices)} "
           f"({'quick' if args.quick else 'full'} set, stage {stage!r}, "
@@ -125,9 +156,12 @@ def main(argv=None) -> int:
     if groups:
         print("\nHead dims sharing a row (same padded dim, same compiled kernels): "
               + "; ".join(groups))
+    for device, D, dtype, R in refused:
+        print(f"\nRefused by the launcher (no block length fits): {device} D={D} "
+              f"{_DT[dtype]} R={R}")
     for f in failures:
-        print(f"\nDOES NOT FIT: {f.kernel} D={f.D} {_DT[f.dtype]} BT={f.BT} sm_{f.capability}: "
-              f"{f.shared} > {f.limit} bytes")
+        print(f"\nDOES NOT FIT: {f.kernel} R={f.R} D={f.D} {_DT[f.dtype]} BT={f.BT} "
+              f"sm_{f.capability}: {f.shared} > {f.limit} bytes")
     for what, e in errors:
         print(f"\nDOES NOT COMPILE: {what}: {type(e).__name__}: {str(e)[:500]}")
     return 1 if failures or errors else 0

@@ -126,7 +126,8 @@ def _run_data(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 # train options besides the task's (`_add_task_flag`, `_add_task_options`): (flag, dest ==
 # TrainConfig field, type, help); default None = "not given"
 TRAIN_OPTIONS = [
-    ("--attn", "attn", str, "path, path_fox, rope or fox (default path)"),
+    ("--attn", "attn", str, "a registered attention type (pathattn.models.ATTN_TYPES): "
+     "path, path_fox, rope, fox, sba, ... (default path)"),
     ("--layers", "layers", int, "number of blocks (default 1)"),
     ("--heads", "heads", int, "attention heads (default 2)"),
     ("--dim", "dim", int, "hidden size (default 64)"),

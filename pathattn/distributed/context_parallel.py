@@ -48,8 +48,10 @@ from ..ops.stages import (
     compute_dtype,
     default_scale,
     kv_tokens,
+    num_reflections,
     row_blocks,
     rows_to_tokens,
+    single_reflection,
 )
 from ..ops.validation import check_block_size, check_path_attn_inputs
 from .ring import Ring, ShardMeta, exchange_meta
@@ -352,8 +354,9 @@ def context_parallel_path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             have different lengths, each at least one token).
         k: [B, Tr, H, D] keys (HQ a multiple of H: GQA / MQA as `path_attn`).
         v: [B, Tr, H, Dv] values.
-        w: [B, Tr, H, D] Householder directions.
-        beta: [B, Tr, H] Householder strengths.
+        w: [B, Tr, H, D] Householder directions, or [B, Tr, H, R, D] with R reflections
+            per token (as `path_attn`).
+        beta: [B, Tr, H] Householder strengths, or [B, Tr, H, R].
         g: [B, Tr, HQ] log forget gates (PaTH-FoX) or None; None on every rank or on none.
         group: torch.distributed process group (default: the world); its rank order is the
             sequence order. Every rank of the group must call this function (and its
@@ -382,7 +385,9 @@ def context_parallel_path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     try:
         check_path_attn_inputs(q, k, v, w, beta, g, scale, None)
         check_block_size(block_size)
-        kernels = keys_backend(backend, q, "context parallelism").name == "cpu"
+        w, beta = single_reflection(w, beta)  # R = 1 runs as w [B, Tr, H, D]
+        kernels = keys_backend(backend, q, "context parallelism",
+                               reflections=num_reflections(w)).name == "cpu"
         if q.shape[0] == 0:
             raise ValueError("q: batch size B must be positive for context-parallel attention")
     except ValueError as e:

@@ -4,9 +4,10 @@
 Every `ModelConfig` field is a config attribute of the same name and default (vocab_size,
 hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
 head_dim, max_position_embeddings, rms_norm_eps, tie_word_embeddings, attn_type, w_rank,
-conv_size, qk_norm, beta_max, rope_theta, initializer_range, qkv_bias, o_bias); the values
-are validated by `ModelConfig` on construction (ValueError naming the field). The usual HF
-fields (use_cache, pad / bos / eos token ids, ...) pass through to `PreTrainedConfig`.
+conv_size, qk_norm, beta_max, rope_theta, initializer_range, qkv_bias, o_bias, backend,
+num_reflections); the values are validated by `ModelConfig` on construction (ValueError
+naming the field). The usual HF fields (use_cache, pad / bos / eos token ids, ...) pass
+through to `PreTrainedConfig`.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
                     attention_mask.shape) != (B, n + m):
                 raise ValueError(f"attention_mask must have shape [B, past + new] = "
                                  f"[{B}, {n + m}] when decoding after {n} cached positions")
-            if not bool(attention_mask[:, n:].bool().all()):
+            if not bool(attention_mask[:, n:].all()):  # only the new columns, once each
                 raise ValueError("attention_mask: decoded tokens cannot be padding (only the "
                                  "prompt may be left-padded)")
         return self._decode_hidden(input_ids, cache.model_cache)

@@ -3,15 +3,17 @@
 
 Field names follow Hugging Face's (LLaMA-style) configs so that an HF `PretrainedConfig`
 can later be a thin adapter over this dataclass (`to_dict` / `from_dict`). The attention
-layer of every block is chosen by `attn_type`:
+layer of every block is chosen by `attn_type`, a name of the attention-type registry
+(`pathattn.models.attention_types`, where new types register):
 
     "path"      PaTHAttention (paper section 2.2)
     "path_fox"  PaTHAttention with forget gates (PaTH-FoX, section 2.2)
     "rope"      RoPEAttention (section 2.1 baseline)
     "fox"       FoXAttention (Forgetting Transformer baseline)
+    "sba"       SBAttention (stick-breaking attention baseline)
 
 `w_rank`, `conv_size` and `beta_max` are read by the PaTH types only, `rope_theta` by
-"rope" only; `qk_norm`, `qkv_bias` and `o_bias` by all four (the biases default to off,
+"rope" only; `qk_norm`, `qkv_bias` and `o_bias` by all of them (the biases default to off,
 LLaMA's layout; Qwen2-style models converted by `pathattn.convert` set `qkv_bias`).
 """
 
@@ -23,10 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ops.backends import check_backend_name
+from .attention_types import ATTN_TYPES, get_attention_type
 
 __all__ = ["ModelConfig", "PRESETS", "ATTN_TYPES"]
-
-ATTN_TYPES = ("path", "path_fox", "rope", "fox")
 
 # name -> field values that differ from the defaults; `ModelConfig.preset(name, **over)`.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -86,7 +87,7 @@ class ModelConfig:
             (HF compatibility): no layer has a position table, so it is not enforced.
         rms_norm_eps: epsilon of the RMSNorms (block norms, final norm, QK norm).
         tie_word_embeddings: the LM head shares the token embedding's weight.
-        attn_type: one of "path", "path_fox", "rope", "fox" (module docstring).
+        attn_type: a registered attention type, `ATTN_TYPES` (module docstring).
         w_rank: rank of PaTH's w projection; None or 0 = one full-rank Linear.
         conv_size: kernel size of PaTH's short convolution on w (paper: 3).
         qk_norm: per-head RMSNorm of q and k.
@@ -98,6 +99,9 @@ class ModelConfig:
         backend: the PaTH op's backend ("auto", "cpu", "torch", "triton";
             `pathattn.ops.backends`); read by the PaTH types. Every backend computes the
             same function (up to rounding), so weights move freely between them.
+        num_reflections: R >= 1 Householder reflections per token and key/value head in
+            the PaTH types (H_t = H_{t,1} ... H_{t,R}; `pathattn.nn.PaTHAttention`); 1 is
+            the paper's PaTH. R > 1 runs on the "cpu" and "torch" backends.
     """
 
     vocab_size: int = 32000
@@ -120,6 +124,7 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     backend: str = "auto"
+    num_reflections: int = 1
 
     def __post_init__(self):
         self.validate()
@@ -129,7 +134,8 @@ class ModelConfig:
     def validate(self) -> ModelConfig:
         """Raise ValueError naming the first invalid field; return self when valid."""
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "max_position_embeddings", "conv_size"):
+                     "num_attention_heads", "max_position_embeddings", "conv_size",
+                     "num_reflections"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -148,8 +154,7 @@ class ModelConfig:
         for name in ("tie_word_embeddings", "qk_norm", "qkv_bias", "o_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
+        attn = get_attention_type(self.attn_type)  # ValueError naming the registered types
         check_backend_name(self.backend)
         HQ, H = self.num_attention_heads, self.kv_heads
         if HQ % H:
@@ -158,9 +163,8 @@ class ModelConfig:
         if self.head_dim is None and self.hidden_size % HQ:
             raise ValueError(f"head_dim: hidden_size={self.hidden_size} is not divisible by "
                              f"num_attention_heads={HQ}; pass head_dim explicitly")
-        if self.attn_type == "rope" and self.head_size % 2:
-            raise ValueError(f"head_dim must be even for attn_type='rope', got "
-                             f"{self.head_size}")
+        if attn.check is not None:
+            attn.check(self)
         return self
 
     # -------------------------------------------------------------- derived quantities

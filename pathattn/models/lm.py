@@ -1,6 +1,6 @@
 """`PaTHLM`: a decoder-only language model (LLaMA-style pre-norm blocks) whose attention is
-PaTH (paper section 2.2), PaTH-FoX, or the RoPE / FoX baselines, chosen by
-`ModelConfig.attn_type`:
+PaTH (paper section 2.2), PaTH-FoX, or a baseline (RoPE, FoX, stick-breaking), chosen by
+`ModelConfig.attn_type` from the attention-type registry (`attention_types`):
 
     x_0 = E[input_ids]                                          token embedding [B, T, hidden]
     x_l = x_{l-1} + Attn_l(RMSNorm(x_{l-1}))
@@ -28,9 +28,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..nn import FoXAttention, PaTHAttention, RoPEAttention
 from ..nn.norm import RMSNorm
 from ..nn.path_attention import init_forget_gate_bias
+from ..ops.validation import assert_in_graph
+from .attention_types import get_attention_type
 from .config import ModelConfig
 
 __all__ = ["PaTHLM", "DecoderTrunk", "ModelCache", "RMSNorm", "SwiGLU", "Block", "IGNORE_INDEX",
@@ -53,20 +54,9 @@ class SwiGLU(nn.Module):
 
 
 def make_attention(config: ModelConfig) -> nn.Module:
-    """The attention layer of `config.attn_type`, with the config's sizes."""
-    common = dict(hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
-                  num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
-                  qk_norm=config.qk_norm, norm_eps=config.rms_norm_eps,
-                  bias=config.qkv_bias, o_bias=config.o_bias)
-    if config.attn_type in ("path", "path_fox"):
-        return PaTHAttention(**common, w_rank=config.w_rank, conv_size=config.conv_size,
-                             use_forget_gate=config.attn_type == "path_fox",
-                             beta_max=config.beta_max, backend=config.backend)
-    if config.attn_type == "rope":
-        return RoPEAttention(**common, rope_base=config.rope_theta)
-    if config.attn_type == "fox":
-        return FoXAttention(**common)
-    raise ValueError(f"attn_type: unknown {config.attn_type!r}")
+    """The attention layer of `config.attn_type` (its registered builder), with the
+    config's sizes."""
+    return get_attention_type(config.attn_type).build(config)
 
 
 class Block(nn.Module):
@@ -100,9 +90,9 @@ class ModelCache:
 
     `reorder(index)` selects batch rows in every layer (beam search); `truncate(n)` keeps the
     first n positions in every layer, with the layer caches' limits (PaTH and FoX caches go
-    back to the start of the last decode step at most; RoPE caches anywhere). Every layer
-    has the same type and length, so an out-of-range n is rejected by the first layer before
-    any layer changes.
+    back to the start of the last decode step at most; RoPE and SBA caches anywhere). Every
+    layer has the same type and length, so an out-of-range n is rejected by the first layer
+    before any layer changes.
     """
 
     def __init__(self, layers: list):
@@ -128,7 +118,9 @@ class ModelCache:
 
 
 def check_ids(name: str, ids, vocab_size: int) -> None:
-    """ids must be an integer tensor [B, T] (T >= 1) with values in [0, vocab_size)."""
+    """ids must be an integer tensor [B, T] (T >= 1) with values in [0, vocab_size).
+    Under torch.compile the range is checked in the graph (a RuntimeError when the compiled
+    code runs) instead of on the host."""
     if not isinstance(ids, torch.Tensor):
         raise ValueError(f"{name} must be an integer tensor [B, T], got {type(ids).__name__}")
     if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
@@ -136,6 +128,10 @@ def check_ids(name: str, ids, vocab_size: int) -> None:
     if ids.ndim != 2 or ids.shape[1] == 0:
         raise ValueError(f"{name} must have shape [B, T] with T >= 1, got "
                          f"{tuple(ids.shape)}")
+    if torch.compiler.is_compiling():  # checked in the graph, no host read
+        assert_in_graph(((ids >= 0) & (ids < vocab_size)).all(),
+                        f"{name}: ids must lie in [0, vocab_size={vocab_size})")
+        return
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"{name}: ids must lie in [0, vocab_size={vocab_size}), got "
                          f"min {int(ids.min())}, max {int(ids.max())}")
@@ -151,7 +147,10 @@ def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> None:
         raise ValueError(f"labels must have input_ids' shape {tuple(input_ids.shape)}, got "
                          f"{tuple(labels.shape)}")
     bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
-    if bool(bad.any()):
+    if torch.compiler.is_compiling():  # checked in the graph, no host read
+        assert_in_graph(~bad.any(), f"labels must lie in [0, vocab_size={vocab_size}) or "
+                        f"be {IGNORE_INDEX} (not scored)")
+    elif bool(bad.any()):
         raise ValueError(f"labels must lie in [0, vocab_size={vocab_size}) or be "
                          f"{IGNORE_INDEX} (not scored)")
 

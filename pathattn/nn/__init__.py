@@ -1,11 +1,12 @@
-"""PaTH attention layers (paper section 2.2) and the RoPE / FoX baselines, each with a
-training `forward`, a `prefill` and a `decode`."""
+"""PaTH attention layers (paper section 2.2) and the RoPE / FoX / stick-breaking baselines,
+each with a training `forward`, a `prefill` and a `decode`."""
 
 from .baselines import FoXAttention, RoPEAttention, RoPECache
 from .norm import RMSNorm
 from .path_attention import LayerCache, PaTHAttention
 from .rope import RotaryEmbedding
+from .sba import SBAttention
 from .short_conv import ShortConv
 
 __all__ = ["PaTHAttention", "LayerCache", "RoPEAttention", "RoPECache", "FoXAttention",
-           "ShortConv", "RotaryEmbedding", "RMSNorm"]
+           "SBAttention", "ShortConv", "RotaryEmbedding", "RMSNorm"]

@@ -10,6 +10,13 @@ For a token x_t [hidden]:
 
 (footnote of section 2.2: "a low-rank linear layer followed by a short convolution layer
 (filter size 3) and an L2 normalization layer"; beta_t = 2 sigmoid(u^T x_t + b) in (0, 2)).
+
+With `num_reflections` R > 1 every key/value head gets R directions and R strengths per
+token, H_t = H_{t,1} ... H_{t,R}: the w projection produces H * R * D features (each
+direction through the same short convolution, channel by channel, and its own L2
+normalisation) and beta_proj H * R strengths; the op takes w [B, T, H, R, D] and beta
+[B, T, H, R]. R = 1 is the layer above, with the same parameters and state_dict.
+
 Choices the paper leaves open, documented here:
 
 * no activation after the short convolution (the paper names none; fla's reference code
@@ -51,12 +58,17 @@ the cache unchanged.
 
 The three paths are separate methods, each simple to read: `forward` (training, optionally packed
 with cu_seqlens), `prefill` (prompt -> output and `LayerCache`) and `decode` (m new tokens,
-in place on the cache).
+in place on the cache). A decode step is latency bound, so it computes the same inputs with
+fewer calls: one product for all input projections (`step_inputs`, with the weights stacked
+once per cache, `FusedProjection`), the short convolution as a multiply-and-sum over the
+window (`ShortConv.step`) and the beta cap as a number.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import numbers
 
 import torch
@@ -67,6 +79,7 @@ from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
 from ..ops.backends import check_backend_name
 from ..ops.inference import check_attention_mask as check_op_attention_mask
 from ..ops.validation import check_cu_seqlens
+from .fused_projection import FusedProjection
 from .norm import RMSNorm
 from .short_conv import ShortConv
 
@@ -137,6 +150,13 @@ def strict_cap(beta: torch.Tensor, beta_max: float) -> torch.Tensor:
     float64 beta: below beta_max), so that beta < beta_max holds exactly."""
     top = torch.tensor(beta_max, dtype=beta.dtype, device=beta.device)
     return torch.minimum(beta, torch.nextafter(top, torch.zeros_like(top)))
+
+
+@functools.cache
+def strict_cap_value(beta_max: float, dtype: torch.dtype) -> float:
+    """`strict_cap`'s bound for a beta of `dtype`, as a number (decode clamps with it
+    instead of building the bound at every token)."""
+    return float(strict_cap(torch.tensor(math.inf, dtype=dtype), beta_max))
 
 
 def round_toward_zero(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -231,7 +251,9 @@ class AttentionProjections(nn.Module):
 class LayerCache:
     """Decode state of `PaTHAttention`: the `PaTHCache` of the attention op (`attn`) and the
     short conv's last K-1 inputs per row (`conv_state` [B, K-1, H*D], zeros before a row's
-    start with left padding).
+    start with left padding). `projection`: the layer's input projections stacked into one
+    matrix (`PaTHAttention.fused_projection`), built by the first decode step and used by
+    every later one, so that a generation runs on the weights its first step saw.
 
     `reorder(index)` selects batch rows of both parts (beam search). `truncate(n)` goes back
     to any length in [start of the last step, current length], as `PaTHCache.truncate`: the
@@ -240,6 +262,7 @@ class LayerCache:
 
     def __init__(self, attn: PaTHCache, conv_history: torch.Tensor, kernel_size: int):
         self.attn = attn
+        self.projection: FusedProjection | None = None  # set by the first decode step
         self._K1 = kernel_size - 1
         self._hist = conv_history  # [B, K-1+m, C]: conv inputs ending at the current length
         self._hist_start = len(attn) - (conv_history.shape[1] - self._K1)  # last step's start
@@ -306,8 +329,8 @@ class PaTHAttention(AttentionProjections):
         num_kv_heads: H key/value heads (default HQ; HQ must be a multiple: GQA / MQA).
             w and beta are per key/value head, forget gates per query head.
         head_dim: D (default hidden_size // num_heads).
-        w_rank: rank of the w projection Linear(hidden, rank) -> Linear(rank, H*D); None or
-            0 for one full-rank Linear(hidden, H*D).
+        w_rank: rank of the w projection Linear(hidden, rank) -> Linear(rank, H*R*D); None
+            or 0 for one full-rank Linear(hidden, H*R*D) (R = num_reflections).
         conv_size: kernel size K of the short causal conv on w (paper: 3).
         use_forget_gate: PaTH-FoX forget gates g = logsigmoid(Linear(hidden, HQ)(x)).
         qk_norm: per-head RMSNorm of q and k.
@@ -319,6 +342,9 @@ class PaTHAttention(AttentionProjections):
         o_bias: bias of the o projection (None = same as bias).
         backend: the op's backend in every path, "auto" or a registered name
             (`pathattn.ops.backends`).
+        num_reflections: R >= 1 Householder reflections per token and key/value head
+            (module docstring); R > 1 needs a backend that takes several
+            (`Backend.reflections`; "auto" picks one).
 
     x is [B, T, hidden_size] in the weights' dtype (any float dtype under torch.autocast);
     the outputs have x's dtype (autocast's dtype under autocast). T = 0 gives an empty
@@ -335,9 +361,10 @@ class PaTHAttention(AttentionProjections):
                  head_dim: int | None = None, w_rank: int | None = 32, conv_size: int = 3,
                  use_forget_gate: bool = False, qk_norm: bool = False, beta_max: float = 2.0,
                  bias: bool = False, norm_eps: float = 1e-6, o_bias: bool | None = None,
-                 backend: str = "auto"):
+                 backend: str = "auto", num_reflections: int = 1):
         super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, qk_norm, bias,
                          norm_eps, o_bias)
+        self.num_reflections = _positive_int("num_reflections", num_reflections)
         self.backend = check_backend_name(backend)
         if isinstance(beta_max, bool) or not isinstance(beta_max, numbers.Real) or not (
                 0 < beta_max <= 2):
@@ -348,14 +375,15 @@ class PaTHAttention(AttentionProjections):
         self.beta_max = float(beta_max)
         self.w_rank = int(w_rank) if w_rank else None
         self.use_forget_gate = bool(use_forget_gate)
-        C = self.num_kv_heads * self.head_dim
+        C = self.num_kv_heads * self.num_reflections * self.head_dim  # w features [H, R, D]
         if self.w_rank is None:
             self.w_proj = nn.Linear(self.hidden_size, C, bias=False)
         else:
             self.w_proj = nn.Sequential(nn.Linear(self.hidden_size, self.w_rank, bias=False),
                                         nn.Linear(self.w_rank, C, bias=False))
         self.w_conv = ShortConv(C, conv_size)
-        self.beta_proj = nn.Linear(self.hidden_size, self.num_kv_heads, bias=True)
+        self.beta_proj = nn.Linear(self.hidden_size, self.num_kv_heads * self.num_reflections,
+                                   bias=True)
         self.g_proj = None
         if self.use_forget_gate:
             self.g_proj = nn.Linear(self.hidden_size, self.num_heads, bias=True)
@@ -366,21 +394,33 @@ class PaTHAttention(AttentionProjections):
     def unit_w(self, w_conv: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Short-conv output [B, T, H*D] -> unit w [B, T, H, D] (zero stays zero) in `dtype`
         (default w_conv's), normalised in float32 and rounded toward zero for 16-bit
-        dtypes: |w| <= 1 (module docstring)."""
+        dtypes: |w| <= 1 (module docstring). R > 1 reflections: [B, T, H*R*D] ->
+        [B, T, H, R, D], each direction normalised on its own."""
         B, T, _ = w_conv.shape
         dtype = w_conv.dtype if dtype is None else dtype
+        if self.num_reflections == 1:
+            w = w_conv.view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, H, D]
+        else:  # [B, T, H, R, D]
+            w = w_conv.view(B, T, self.num_kv_heads, self.num_reflections, self.head_dim)
+        gd = gate_dtype(w_conv)
         with no_autocast(w_conv.device.type):
-            w = F.normalize(w_conv.view(B, T, self.num_kv_heads, self.head_dim).to(
-                gate_dtype(w_conv)), dim=-1)
+            w = F.normalize(w if w.dtype == gd else w.to(gd), dim=-1)
         if dtype in (torch.float16, torch.bfloat16):
             return round_toward_zero(w, dtype)
-        return w.to(dtype)
+        return w if w.dtype == dtype else w.to(dtype)
 
     def beta(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, hidden] -> beta [B, T, H] in [0, beta_max), float32 (float64 for float64
-        x): beta_max * sigmoid(.) capped strictly below beta_max (module docstring)."""
+        x): beta_max * sigmoid(.) capped strictly below beta_max (module docstring);
+        [B, T, H, R] with R > 1 reflections."""
         z = full_precision_linear(self.beta_proj, x, gate_dtype(x))
-        return strict_cap(self.beta_max * torch.sigmoid(z), self.beta_max)
+        return self._split_beta(strict_cap(self.beta_max * torch.sigmoid(z), self.beta_max))
+
+    def _split_beta(self, beta: torch.Tensor) -> torch.Tensor:
+        """beta [B, T, H*R] -> [B, T, H] (R = 1: as it is) or [B, T, H, R]."""
+        if self.num_reflections == 1:
+            return beta
+        return beta.unflatten(-1, (self.num_kv_heads, self.num_reflections))
 
     def forget_gate(self, x: torch.Tensor) -> torch.Tensor | None:
         """x [B, T, hidden] -> log forget gates g [B, T, HQ] (<= 0) in float32 (float64 for
@@ -388,6 +428,40 @@ class PaTHAttention(AttentionProjections):
         if self.g_proj is None:
             return None
         return F.logsigmoid(full_precision_linear(self.g_proj, x, gate_dtype(x)))
+
+    def fused_projection(self) -> FusedProjection:
+        """The input projections q, k, v, the first (or only) w projection, beta and g (when
+        present), stacked into one matrix for decode steps (`step_inputs`)."""
+        w_in = self.w_proj if self.w_rank is None else self.w_proj[0]
+        gates = [self.beta_proj] + ([] if self.g_proj is None else [self.g_proj])
+        return FusedProjection([self.q_proj, self.k_proj, self.v_proj, w_in] + gates)
+
+    def step_inputs(self, x: torch.Tensor, projection: FusedProjection):
+        """`op_inputs`' projections for x [B, m, hidden] through `projection` (one product
+        when x has the gates' dtype and autocast is off, else one for q, k, v, w's input
+        and one for beta and g in their float32 / float64). Returns q [B, m, HQ, D],
+        k, v [B, m, H, D], u [B, m, H*R*D] the short conv's input, beta [B, m, H] ([B, m, H,
+        R] for R > 1 reflections) and g [B, m, HQ] or None, with the precision of
+        `op_inputs`."""
+        B, m, _ = x.shape
+        gd = gate_dtype(x)
+        if x.dtype == gd and not autocast_enabled(x.device.type):
+            q, k, v, u, *gates = projection(x)  # [B, m, N] split per projection
+        else:  # q, k, v, u as nn.Linear computes them; beta and g in gd, no autocast
+            q, k, v, u = projection(x, 0, 4)
+            with no_autocast(x.device.type):
+                gates = projection(x, 4, dtype=gd)
+        if self.w_rank is not None:
+            u = self.w_proj[1](u)  # [B, m, H*R*D]
+        q = q.view(B, m, self.num_heads, self.head_dim)  # [B, m, HQ, D]
+        k = k.view(B, m, self.num_kv_heads, self.head_dim)  # [B, m, H, D]
+        v = v.view(B, m, self.num_kv_heads, self.head_dim)  # [B, m, H, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        beta = self._split_beta((self.beta_max * torch.sigmoid(gates[0])).clamp_max_(
+            strict_cap_value(self.beta_max, gates[0].dtype)))  # as strict_cap
+        g = F.logsigmoid(gates[1]) if self.g_proj is not None else None
+        return q, k, v, u, beta, g
 
     def op_inputs(self, x: torch.Tensor, w_conv: torch.Tensor):
         """What the op receives for x [B, T, hidden] and the short conv's output w_conv
@@ -431,17 +505,22 @@ class PaTHAttention(AttentionProjections):
     def decode(self, x: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         """m new tokens x [B, m, hidden] after the cache (updated in place). Returns
         y [B, m, hidden]: the last m rows of `forward` on the whole sequence (m = 0: empty,
-        the cache unchanged). No gradients."""
+        the cache unchanged). No gradients. The first step stacks the input projections'
+        weights into `cache.projection`; later steps of this cache reuse them (a weight
+        change reaches the next cache, not this one)."""
         self.check_input(x)
         if not isinstance(cache, LayerCache):
             raise ValueError(f"cache must be the LayerCache of prefill, got "
                              f"{type(cache).__name__}")
         if x.shape[1] == 0:
             return self.empty_output(x)
+        if cache.projection is None:
+            cache.projection = self.fused_projection()
         start = len(cache)
-        w_conv, hist = self.w_conv.step(self.w_proj(x), cache.conv_state)
-        inputs = self.op_inputs(x, w_conv)
+        q, k, v, u, beta, g = self.step_inputs(x, cache.projection)
+        w_conv, hist = self.w_conv.step(u, cache.conv_state)
         with no_autocast(x.device.type):
-            o = path_attn_step(*inputs, state=cache.attn, backend=self.backend)
+            o = path_attn_step(q, k, v, self.unit_w(w_conv, q.dtype), beta, g,
+                               state=cache.attn, backend=self.backend)
         cache.update(hist, start)
         return self.out(o)

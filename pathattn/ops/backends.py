@@ -21,6 +21,12 @@ Every backend computes the same function (float32 accumulation for 16-bit inputs
 conformance suite (`tests/ops/conformance`) runs each registered backend against the
 float64 reference. A new backend is one `register_backend(Backend(...))`.
 
+Under torch.compile the choice is made while tracing (a constant of the graph: it depends
+on the inputs' device and dtype only) and each backend runs as torch.library custom ops
+that the graph holds as single nodes: `pathattn::blockwise_fwd` / `blockwise_bwd` /
+`blockwise_fwd_keys` for "cpu" and "torch" (`pathattn.ops.function`, the `kernels` flag
+tells them apart), `pathattn::path_attn_fwd` / `path_attn_bwd` for "triton".
+
 Prefill keys (`path_attn_with_keys`) come from the blockwise forward ("cpu" or "torch");
 a backend without `with_keys` serves the prefill with its forward plus a key-only pass.
 Decode steps are plain PyTorch for every backend (one pass over the cache per token).
@@ -52,6 +58,9 @@ class Backend:
         autograd (`path_attn_with_keys`), or None.
     auto: q -> whether "auto" may pick it for tensors like q (on top of `refuses`); the
         registration order is the priority.
+    reflections: whether it takes several reflections per token (w [B, T, H, R, D] with
+        R > 1); a backend without is refused such inputs and "auto" passes over it. R = 1
+        reaches every backend as w [B, T, H, D].
     """
 
     name: str
@@ -59,6 +68,7 @@ class Backend:
     refuses: Callable[[torch.Tensor], str | None]
     with_keys: Callable | None = None
     auto: Callable[[torch.Tensor], bool] = lambda q: True
+    reflections: bool = False
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -91,43 +101,54 @@ def check_backend_name(name) -> str:
     return name
 
 
-def select_backend(name: str, q: torch.Tensor) -> Backend:
-    """The backend that runs q for `backend=name` (module docstring: the auto rule)."""
+def select_backend(name: str, q: torch.Tensor, reflections: int = 1) -> Backend:
+    """The backend that runs q for `backend=name` (module docstring: the auto rule), with
+    `reflections` (R) reflections per token."""
     check_backend_name(name)
     if name != "auto":
         backend = _REGISTRY[name]
-        why = backend.refuses(q)
+        why = _refuses(backend, q, reflections)
         if why is not None:
             raise ValueError(f"backend={name!r}: {why}")
         return backend
     for backend in _REGISTRY.values():
-        if backend.auto(q) and backend.refuses(q) is None:
+        if backend.auto(q) and _refuses(backend, q, reflections) is None:
             return backend
     raise ValueError(f"no backend takes these inputs ({q.dtype} on {q.device})")
+
+
+def _refuses(backend: Backend, q: torch.Tensor, reflections: int) -> str | None:
+    """Why `backend` cannot run q with R = reflections per token, or None."""
+    if reflections > 1 and not backend.reflections:
+        takers = [n for n, b in _REGISTRY.items() if b.reflections]
+        return (f"takes one reflection per token (w [B, T, H, D], beta [B, T, H]), got "
+                f"R={reflections} (w [B, T, H, R, D]); backends that take several: {takers}")
+    return backend.refuses(q)
 
 
 # ------------------------------------------------------------------ the built-in three
 
 def _blockwise(kernels: bool):
-    def attention(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
-        from .function import PaTHAttnFunction
-        from .path_attn import blockwise_layout
+    """The blockwise backends' entries: the custom ops of `pathattn.ops.function`, which
+    build the block layout themselves (torch.compile traces them as single nodes)."""
 
-        lay = blockwise_layout(q, cu_seqlens, block_size)
-        return PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, lay, kernels)
+    def attention(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
+        from .function import blockwise_attention
+
+        return blockwise_attention(q, k, v, w, beta, g, scale, cu_seqlens, block_size,
+                                   kernels)
 
     def with_keys(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
-        from .function import forward_with_keys
-        from .path_attn import blockwise_layout
+        from .function import blockwise_fwd_keys
 
-        lay = blockwise_layout(q, cu_seqlens, block_size)
-        return forward_with_keys(q, k, v, w, beta, g, scale, lay, kernels)
+        return blockwise_fwd_keys(q, k, v, w, beta, g, cu_seqlens, scale, block_size,
+                                  kernels)
 
     return attention, with_keys
 
 
 def _cpu_refuses(q: torch.Tensor) -> str | None:
-    from .cpu import kernel_enabled, load_kernels
+    from .cpu import kernel_enabled
 
     if q.device.type != "cpu":
         return f"the C++ kernels take CPU tensors, got a tensor on {q.device}"
@@ -136,9 +157,18 @@ def _cpu_refuses(q: torch.Tensor) -> str | None:
                 "runs 16-bit inputs on the CPU)")
     if not kernel_enabled():
         return "the C++ kernels are turned off (PATHATTN_CPU_KERNEL=0)"
-    if not load_kernels():
+    if not _kernels_loaded():
         return "the C++ kernels could not be built (see the warning above)"
     return None
+
+
+@torch.compiler.assume_constant_result
+def _kernels_loaded() -> bool:
+    """`load_kernels()`, a constant to torch.compile (the first call may build the kernels
+    under a lock, which traced code cannot enter)."""
+    from .cpu import load_kernels
+
+    return load_kernels()
 
 
 def _triton_refuses(q: torch.Tensor) -> str | None:
@@ -162,8 +192,10 @@ def _triton_attention(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
 
 # auto takes Triton for CUDA tensors only (the interpreter is for tests)
 register_backend(Backend("triton", _triton_attention, _triton_refuses,
-                         auto=lambda q: q.is_cuda))
+                         auto=lambda q: q.is_cuda, reflections=True))
 _CPU_ATTN, _CPU_KEYS = _blockwise(kernels=True)
-register_backend(Backend("cpu", _CPU_ATTN, _cpu_refuses, with_keys=_CPU_KEYS))
+register_backend(Backend("cpu", _CPU_ATTN, _cpu_refuses, with_keys=_CPU_KEYS,
+                         reflections=True))
 _TORCH_ATTN, _TORCH_KEYS = _blockwise(kernels=False)
-register_backend(Backend("torch", _TORCH_ATTN, lambda q: None, with_keys=_TORCH_KEYS))
+register_backend(Backend("torch", _TORCH_ATTN, lambda q: None, with_keys=_TORCH_KEYS,
+                         reflections=True))

@@ -9,6 +9,10 @@ the paper's in-place update k <- H_t k applied for every later token t < T (equa
 "iterative_refine_k_cache"). A query i >= T then sees the cache through its boundary-adjusted
 vector q~_i = H_T ... H_i q_i: logit(i, j < T) = (k_j^(T))^T q~_i, plain attention.
 
+With R reflections per token, H_t = H_{t,1} ... H_{t,R} is no longer symmetric and the row
+form is the definition: k_j^(T) = H_{T-1}^T ... H_{j+1}^T k_j, each later token's
+reflections reaching the key in order, H_{t,1} first (`Transition`).
+
 Pending window. Applying H_t to all T cached keys costs a read and a write of the whole key
 cache for every new token, on top of the attention pass itself: on a 2-core Xeon at context
 4096, 2.3-2.5x the time of a plain attention decode step, against 1.3x with the window below
@@ -60,8 +64,9 @@ COMMIT_ROWS = 4096  # rows per GEMM when committing: bounds the temporary
 class Transition(NamedTuple):
     """The transform of a chunk of m consecutive tokens, P = H_first ... H_last.
 
-    w [B, H, m, D] and beta [B, H, m]; pt [B, H, D, D] = P^T, or None when m == 1 (then
-    P = I - beta w w^T, applied as a rank-1 update).
+    w [B, H, m * R, D] and beta [B, H, m * R]: the R reflections of every token in order
+    (H_t = H_{t,1} ... H_{t,R}; R = 1: one per token); pt [B, H, D, D] = P^T, or None when
+    m == 1 (then P = H_{t,1} ... H_{t,R}, applied as R rank-1 updates).
     """
 
     w: torch.Tensor
@@ -71,9 +76,14 @@ class Transition(NamedTuple):
     def apply_(self, x: torch.Tensor) -> None:
         """x <- x @ P in place (row form: every row r becomes r^T H_first ... H_last).
         x [B, H, n, D], small (M and the window keys)."""
-        if self.pt is None:
+        if self.pt is None and self.w.shape[2] == 1:
             coef = (x @ self.w.mT).mul_(self.beta[..., None])  # [B, H, n, 1]
             x.addcmul_(coef, self.w, value=-1)
+        elif self.pt is None:  # x <- x H_{t,1} ... H_{t,R}: first reflection first
+            for r in range(self.w.shape[2]):
+                wr = self.w[:, :, r: r + 1]  # [B, H, 1, D]
+                coef = (x @ wr.mT).mul_(self.beta[:, :, r: r + 1, None])  # [B, H, n, 1]
+                x.addcmul_(coef, wr, value=-1)
         else:
             x.copy_(x @ self.pt.mT)
 
@@ -82,9 +92,11 @@ def key_transforms(k: torch.Tensor, w: torch.Tensor,
                    beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys transformed by every later token of their sequence, and the total transition.
 
-    k, w [B, H, n, D]; beta [B, H, n]; one dtype. Returns (kn [B, H, n, D], M [B, H, D, D])
-    with kn_j = H_{n-1} ... H_{j+1} k_j (row form k_j^T H_{j+1} ... H_{n-1}) and
-    M = H_0 ... H_{n-1} (so x^T M is x^T transformed by all n tokens).
+    k, w [B, H, n, D]; beta [B, H, n]; one dtype; R reflections per token: w
+    [B, H, n * R, D] and beta [B, H, n * R], each token's in order. Returns
+    (kn [B, H, n, D], M [B, H, D, D]) with kn_j = H_{n-1} ... H_{j+1} k_j (row form
+    k_j^T H_{j+1} ... H_{n-1}) and M = H_0 ... H_{n-1} (so x^T M is x^T transformed by
+    all n tokens).
 
     Blockwise (section 3.4): for blocks of C tokens with in-block transformed keys K~_b and
     transitions P_b (`block_ut`), K^(n)_b = K~_b R_b with the suffix products
@@ -94,15 +106,17 @@ def key_transforms(k: torch.Tensor, w: torch.Tensor,
     eye = torch.eye(D, dtype=k.dtype, device=k.device)
     if n == 0:
         return k.clone(), eye.expand(B, H, D, D).clone()
+    R = w.shape[2] // n  # reflections per token
     C = min(KEY_BLOCK, n)
     nb = -(-n // C)
     pad = nb * C - n  # identity tokens (w = 0, beta = 0, k = 0) after the real ones
     if pad:
-        k, w = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (k, w))
-        beta = torch.nn.functional.pad(beta, (0, pad))
+        k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+        w = torch.nn.functional.pad(w, (0, 0, 0, pad * R))
+        beta = torch.nn.functional.pad(beta, (0, pad * R))
     kb = k.reshape(B * H * nb, 1, C, D)  # every (row, head, block) is one UT block
-    wb = w.reshape(B * H * nb, 1, C, D)
-    bb = beta.reshape(B * H * nb, 1, C)
+    wb = w.reshape(B * H * nb, 1, C * R, D)
+    bb = beta.reshape(B * H * nb, 1, C * R)
     qb = kb.new_empty(B * H * nb, 1, 0, C, D)  # no query rows: only K~ and Pt are needed
     ut = block_ut(qb, kb, wb, bb, 1.0)
     pt = ut.pt.view(B, H, nb, D, D)
@@ -127,14 +141,18 @@ class PaTHCache:
         start [B]        first real position of each row (left padding)
     `len(cache)` == `cache.seq_len` == T. `reorder(index)` and `truncate(new_len)` edit it
     in place; `max_pending_tokens` (default 128) is the size of the pending window.
+    `step_backends`: the (backend, dtype) pairs `path_attn_step` has checked for this cache,
+    so that it checks each once, not at every token.
     """
 
     max_pending_tokens: int = 128
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, g_cumsum: torch.Tensor | None,
-                 start: torch.Tensor, num_q_heads: int):
+                 start: torch.Tensor, num_q_heads: int, padded: bool | None = None):
         """k [B, H, T, D] transformed keys k_j^(T); v [B, H, T, Dv]; g_cumsum [B, HQ, T]
-        float64 or None; start [B] int64; num_q_heads HQ. Built by `path_attn_prefill`."""
+        float64 or None; start [B] int64; num_q_heads HQ; padded: whether some start is > 0,
+        when the caller knows (None: read from start, a host read torch.compile cannot
+        trace). Built by `path_attn_prefill`."""
         B, H, T, D = k.shape
         self.num_q_heads = num_q_heads
         cap = _initial_capacity(T)
@@ -147,12 +165,13 @@ class PaTHCache:
             self._g = g_cumsum.new_empty(B, num_q_heads, cap)
             self._g[:, :, :T] = g_cumsum
         self._start = start.to(device=k.device, dtype=torch.long)
-        self._padded = bool((self._start > 0).any())
+        self._padded = bool((self._start > 0).any()) if padded is None else padded
         self._len = self._t0 = self._step_start = T
         self._eye = torch.eye(D, dtype=k.dtype, device=k.device)
         self._win = k.new_empty(B, H, D + self.max_pending_tokens, D)  # [M ; window keys]
         self._win[:, :, :D] = self._eye
         self._raw: list[tuple[torch.Tensor, ...]] = []  # (k, w, beta) of each window step
+        self.step_backends: set[tuple[str, torch.dtype]] = set()  # checked by path_attn_step
         self.num_grows = 0  # reallocations of the buffers (each doubles the capacity)
 
     # ------------------------------------------------------------------ views and sizes
@@ -324,11 +343,12 @@ class PaTHCache:
         """K[:T0] <- K[:T0] @ M: a rank-1 update for a one-token window, else a GEMM."""
         B, H, cap, D = self._k.shape
         K = self._k.view(B * H, cap, D)
-        if self.window_len == 1:  # M = I - beta w w^T
-            _, w, beta = self._raw[0]
-            w = w.reshape(B * H, 1, D)
-            coef = (K[:, :T0] @ w.mT).mul_(-beta.reshape(B * H, 1, 1))  # [BH, T0, 1]
-            K[:, :T0].baddbmm_(coef, w)
+        if self.window_len == 1:  # M = H_{t,1} ... H_{t,R}, H_{t,r} = I - beta w w^T
+            _, ws, betas = self._raw[0]
+            for r in range(ws.shape[2]):
+                w = ws[:, :, r].reshape(B * H, 1, D)
+                coef = (K[:, :T0] @ w.mT).mul_(-betas[:, :, r].reshape(B * H, 1, 1))
+                K[:, :T0].baddbmm_(coef, w)  # coef [BH, T0, 1]
             return
         M = self._win[:, :, :D].reshape(B * H, D, D)
         for s in range(0, T0, COMMIT_ROWS):
@@ -354,7 +374,9 @@ class PaTHCache:
         if new_len == self._len:
             return
         n, D = new_len - self._t0, self.head_dim
-        k, w, beta = (torch.cat(xs, dim=2)[:, :, :n] for xs in zip(*self._raw, strict=True))
+        k, w, beta = (torch.cat(xs, dim=2) for xs in zip(*self._raw, strict=True))
+        R = w.shape[2] // k.shape[2]  # reflections per token
+        k, w, beta = k[:, :, :n], w[:, :, :n * R], beta[:, :, :n * R]
         kn, M = key_transforms(k, w, beta)  # window keys and transition, rebuilt
         self._win[:, :, :D] = M
         self._win[:, :, D: D + n] = kn

@@ -1,7 +1,11 @@
-"""autograd.Function for the blockwise CPU / PyTorch path of PaTH attention.
+"""Autograd of the blockwise CPU / PyTorch path of PaTH attention, as torch.library custom
+ops (`pathattn::blockwise_fwd` with its registered backward `pathattn::blockwise_bwd`, and
+`pathattn::blockwise_fwd_keys` for the prefill): eager calls and torch.compile run the same
+code, and a compiled graph holds each pass as one node (fullgraph, dynamic shapes,
+cu_seqlens).
 
 forward: tokens -> blocks -> UT transform (no graph) -> right-to-left scan; saves only the
-inputs, the output rows and the log-sum-exp (O(T * D) per head).
+inputs, the output and the log-sum-exp of every row (O(T * D) per head).
 backward: re-runs the UT transform under autograd, runs the backward scan (FlashAttention-2
 style recomputation), and pulls the gradients of (Q~, K~, Pt, in-block logits) back to
 (q, k, w, beta) with torch.autograd.grad. Gate and value gradients come from the scan.
@@ -9,12 +13,14 @@ style recomputation), and pulls the gradients of (Q~, K~, Pt, in-block logits) b
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from typing import Optional
+
 import torch
-from torch.autograd.function import once_differentiable
 
 from .cpu import (
     fused_block_ut,
-    fused_scan_applies,
+    fused_ut_applies,
     scan_backward,
     scan_forward,
     ut_backward,
@@ -30,9 +36,11 @@ from .stages import (
     rows_to_tokens,
     suffix_transitions,
 )
-from .ut import block_ut
+from .ut import BlockUT, block_ut
+from .validation import check_cu_seqlens
 
-__all__ = ["PaTHAttnFunction", "forward_with_keys", "blocks_backward"]
+__all__ = ["blockwise_fwd", "blockwise_bwd", "blockwise_fwd_keys", "blockwise_attention",
+           "forward_with_keys", "blocks_backward"]
 
 
 def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float,
@@ -48,7 +56,8 @@ def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, d
     """The in-block backward shared by the op and context parallelism: gradients of the
     block tensors (one head group) from do_rows [NB, H, R, Dv], lse and delta
     [NB, H, R]. The UT transform is differentiated by the fused CPU kernel where it applies
-    (`fused_scan_applies`), by autograd through `block_ut` otherwise.
+    (`fused_ut_applies`), by autograd through `block_ut` otherwise (`torch.func.vjp`, which
+    also runs inside the custom ops, where the autograd dispatch keys are off).
 
     extra: optional `extra(ut, grads) -> (outs, cots)`, called under autograd after the
     scan's backward with the UT quantities (differentiable) and the scan's `ScanGrads`:
@@ -57,13 +66,17 @@ def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, d
 
     Returns (dqb, dkb, dwb, dbb, grads): grads holds dv and the gate column sums.
     """
-    fused = fused_scan_applies(qb, kernels)
+    fused = fused_ut_applies(qb, kb, wb, kernels)
     with torch.enable_grad():
         if fused:  # autograd only from the UT quantities on, when extra needs it
             ut = fused_block_ut(qb, kb, wb, bb, scale)
             leaves = [ut.qt, ut.kt, ut.pt]
             if extra is not None:
                 leaves = [x.requires_grad_() for x in leaves]
+        elif extra is None:  # a function transform: it also differentiates inside the op
+            ut, pull_back = torch.func.vjp(lambda *x: tuple(block_ut(*x, scale)),
+                                           qb, kb, wb, bb)
+            ut = BlockUT(*ut)
         else:
             leaves = [x.detach().requires_grad_() for x in (qb, kb, wb, bb)]
             ut = block_ut(*leaves, scale)
@@ -80,6 +93,8 @@ def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, d
             more = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
             dut = [d if e is None else d + e for d, e in zip(dut, more, strict=True)]
         dqb, dkb, dwb, dbb = ut_backward(qb, kb, wb, bb, scale, *dut, grads.ds_diag)
+    elif extra is None:
+        dqb, dkb, dwb, dbb = pull_back((grads.dqt, grads.dkt, grads.dpt, grads.ds_diag))
     else:
         dqb, dkb, dwb, dbb = torch.autograd.grad(
             [ut.qt, ut.kt, ut.pt, ut.s_diag, *outs], leaves,
@@ -87,47 +102,167 @@ def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, d
     return dqb, dkb, dwb, dbb, grads
 
 
-class PaTHAttnFunction(torch.autograd.Function):
-    """o = PaTHAttnFunction.apply(q, k, v, w, beta, g, scale, layout, kernels); see
-    `path_attn`. kernels: run the fused C++ kernels where they apply (the "cpu" backend) or
-    PyTorch ops only ("torch")."""
+# ------------------------------------------------------------------ custom ops
+#
+# The blockwise path as torch.library custom ops, so that torch.compile (fullgraph, dynamic
+# shapes, cu_seqlens) sees one opaque node per pass: the block layout reads cu_seqlens and
+# picks the block size from the sequence lengths, which traced code cannot do without
+# reading tensor values back to the host. Each op builds the layout itself, and every
+# output's shape follows from the input shapes: the forward returns the output and the
+# row log-sum-exp per token, in the compute dtype, and the backward maps them back to the
+# block rows (exact: a gather).
 
-    @staticmethod
-    def forward(ctx, q, k, v, w, beta, g, scale: float, lay: BlockLayout,
-                kernels: bool = True):
-        B, T, HQ, _ = q.shape
-        Dv = v.shape[-1]
-        with torch.no_grad():
-            bi = block_inputs(q, k, v, w, beta, g, lay)
-            o_rows, lse = _forward_blocks(lay, *bi.ut, bi.vb, bi.gates, scale, kernels)
-        ctx.save_for_backward(q, k, v, w, beta, g, o_rows, lse)
-        ctx.scale, ctx.lay, ctx.kernels = scale, lay, kernels
-        return rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do):
-        q, k, v, w, beta, g, o_rows, lse = ctx.saved_tensors
-        lay, scale = ctx.lay, ctx.scale
-        H = k.shape[2]
-        cd = compute_dtype(q.dtype)
-        # a backward run inside an autocast region keeps the op's own precision rule
-        with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
-            # autograd starts at the block tensors: the token <-> slot maps are bijective
-            # on real tokens, so their gradients map back with a gather (no scatter-add)
-            bi = block_inputs(q, k, v, w, beta, g, lay)
-            do_rows = row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
-            delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
-            dqb, dkb, dwb, dbb, grads = blocks_backward(
-                lay, *bi.ut, bi.vb, bi.gates, do_rows, lse, delta, scale, ctx.kernels)
-            dvb, dcol = grads.dv, grads.dgate_col
-            dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
-            dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape)
-                                 for x, ref in ((dkb, k), (dwb, w), (dvb, v), (dbb, beta)))
-            dg = None if g is None else gate_grad(dcol, lay).view(g.shape).to(g.dtype)
-        cast = lambda x, ref: None if x is None else x.to(ref.dtype)  # noqa: E731
-        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dw, w), cast(dbeta, beta), dg,
-                None, None, None)
+_LAYOUTS: OrderedDict = OrderedDict()  # (B, T, device, block_size, bounds) -> BlockLayout
+_KEEP_LAYOUTS = 4
+
+
+def _layout(q: torch.Tensor, cu_seqlens: torch.Tensor | None,
+            block_size: int | None) -> BlockLayout:
+    """The block layout of q [B, T, ...] (`path_attn.blockwise_layout`). The latest few
+    are kept: the backward, and every layer of a model, meet the forward's again."""
+    bounds = None
+    if cu_seqlens is not None:  # under torch.compile the public checks run in the graph
+        check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[1])
+        bounds = tuple(cu_seqlens.tolist())
+    key = (q.shape[0], q.shape[1], q.device, block_size, bounds)
+    lay = _LAYOUTS.pop(key, None)
+    if lay is None:
+        from .path_attn import blockwise_layout
+
+        lay = blockwise_layout(q, cu_seqlens, block_size)
+    _LAYOUTS[key] = lay  # the most recent last
+    while len(_LAYOUTS) > _KEEP_LAYOUTS:
+        _LAYOUTS.popitem(last=False)
+    return lay
+
+
+@torch.library.custom_op("pathattn::blockwise_fwd", mutates_args=())
+def blockwise_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                  beta: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                  cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
+                  block_size: Optional[int], kernels: bool  # noqa: UP045
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward of the blockwise op: o [B, T, HQ, Dv] and the log-sum-exp of every output
+    row, lse [B, T, HQ], both in the compute dtype. Inputs as `pathattn.path_attn`,
+    validated, finite, B * T > 0; kernels: run the fused C++ kernels where they apply
+    ("cpu") or PyTorch ops only ("torch")."""
+    B, T, HQ, _ = q.shape
+    Dv = v.shape[-1]
+    lay = _layout(q, cu_seqlens, block_size)
+    with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
+        bi = block_inputs(q, k, v, w, beta, g, lay)
+        o_rows, lse = _forward_blocks(lay, *bi.ut, bi.vb, bi.gates, scale, kernels)
+        o = rows_to_tokens(o_rows, lay, (B, T, HQ, Dv))
+        lse = rows_to_tokens(lse[..., None], lay, (B, T, HQ, 1))
+    return o, lse.view(B, T, HQ)
+
+
+@blockwise_fwd.register_fake
+def _(q, k, v, w, beta, g, cu_seqlens, scale, block_size, kernels):
+    B, T, HQ, _ = q.shape
+    cd = compute_dtype(q.dtype)
+    return q.new_empty(B, T, HQ, v.shape[-1], dtype=cd), q.new_empty(B, T, HQ, dtype=cd)
+
+
+def _lse_rows(lse: torch.Tensor, lay: BlockLayout, H: int) -> torch.Tensor:
+    """lse [B, T, HQ] -> block rows [NB, H, Gr * C]. Padding rows get the largest finite
+    value: their probabilities exp(S - lse) are exactly 0 (their output gradient is zero,
+    so they contribute nothing either way; this keeps them from overflowing)."""
+    HQ = lse.shape[-1]
+    pad = lse.new_full((1, HQ), torch.finfo(lse.dtype).max)
+    flat = torch.cat([lse.reshape(-1, HQ), pad])  # [B * T + 1, HQ]: padding slots -> last
+    rows = flat.index_select(0, lay.slot_token).view(lay.NB, lay.C, H, HQ // H)
+    return rows.permute(0, 2, 3, 1).reshape(lay.NB, H, -1)  # [NB, H, Gr * C]
+
+
+@torch.library.custom_op("pathattn::blockwise_bwd", mutates_args=())
+def blockwise_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  w: torch.Tensor, beta: torch.Tensor,
+                  g: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],  # noqa: UP045
+                  o: torch.Tensor, lse: torch.Tensor, scale: float,
+                  block_size: Optional[int], kernels: bool  # noqa: UP045
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor, torch.Tensor]:
+    """Gradients (dq, dk, dv, dw, dbeta, dg) of the blockwise op from do [B, T, HQ, Dv]
+    and the forward's o and lse, each in its input's dtype; dg is an empty tensor when g is
+    None. Re-runs the UT transform and the backward scan (FlashAttention-2 style
+    recomputation)."""
+    lay = _layout(q, cu_seqlens, block_size)
+    H = k.shape[2]
+    cd = compute_dtype(q.dtype)
+    # a backward run inside an autocast region keeps the op's own precision rule
+    with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
+        # autograd starts at the block tensors: the token <-> slot maps are bijective
+        # on real tokens, so their gradients map back with a gather (no scatter-add)
+        bi = block_inputs(q, k, v, w, beta, g, lay)
+        do_rows = row_blocks(do, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
+        o_rows = row_blocks(o, lay, H, cd).flatten(2, 3)  # [NB, H, R, Dv]
+        delta = (do_rows * o_rows).sum(-1)  # [NB, H, R]
+        dqb, dkb, dwb, dbb, grads = blocks_backward(
+            lay, *bi.ut, bi.vb, bi.gates, do_rows, _lse_rows(lse, lay, H), delta, scale,
+            kernels)
+        dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
+        dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape)
+                             for x, ref in ((dkb, k), (dwb, w), (grads.dv, v), (dbb, beta)))
+        dg = q.new_empty(0) if g is None else \
+            gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype),
+            dbeta.to(beta.dtype), dg)
+
+
+@blockwise_bwd.register_fake
+def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size, kernels):
+    dg = q.new_empty(0) if g is None else torch.empty_like(g)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
+            torch.empty_like(beta), dg)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, w, beta, g, cu_seqlens, scale, block_size, kernels = inputs
+    o, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, o, lse)
+    ctx.scale, ctx.block_size, ctx.kernels = scale, block_size, kernels
+    ctx.has_g = g is not None
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, w, beta, g, cu_seqlens, o, lse = ctx.saved_tensors
+    dq, dk, dv, dw, dbeta, dg = blockwise_bwd(do, q, k, v, w, beta, g, cu_seqlens, o, lse,
+                                              ctx.scale, ctx.block_size, ctx.kernels)
+    return dq, dk, dv, dw, dbeta, (dg if ctx.has_g else None), None, None, None, None
+
+
+blockwise_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def blockwise_attention(q, k, v, w, beta, g, scale: float, cu_seqlens, block_size,
+                        kernels: bool = True) -> torch.Tensor:
+    """The blockwise op (`blockwise_fwd`, differentiable): o [B, T, HQ, Dv] in q's dtype.
+    Arguments as `blockwise_fwd`."""
+    o, _ = blockwise_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, kernels)
+    return o.to(q.dtype)
+
+
+@torch.library.custom_op("pathattn::blockwise_fwd_keys", mutates_args=())
+def blockwise_fwd_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                       beta: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                       cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
+                       block_size: Optional[int], kernels: bool  # noqa: UP045
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`forward_with_keys` as an op (no autograd): o [B, T, HQ, Dv] in q's dtype and the
+    transformed keys [B, T, H, D] in the compute dtype."""
+    lay = _layout(q, cu_seqlens, block_size)
+    with torch.autocast(q.device.type, enabled=False):
+        return forward_with_keys(q, k, v, w, beta, g, scale, lay, kernels)
+
+
+@blockwise_fwd_keys.register_fake
+def _(q, k, v, w, beta, g, cu_seqlens, scale, block_size, kernels):
+    B, T, HQ, D = q.shape
+    H, Dv = k.shape[2], v.shape[-1]
+    return (q.new_empty(B, T, HQ, Dv), q.new_empty(B, T, H, D, dtype=compute_dtype(q.dtype)))
 
 
 @torch.no_grad()

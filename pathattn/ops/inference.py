@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from .backends import select_backend
 from .cache import PaTHCache, Transition, key_transforms
 from .path_attn import path_attn, path_attn_with_keys
-from .stages import compute_dtype, default_scale
+from .stages import compute_dtype, default_scale, num_reflections, single_reflection
 from .ut import block_ut
 from .validation import check_path_attn_inputs
 
@@ -45,9 +45,15 @@ __all__ = ["path_attn_prefill", "path_attn_step", "check_attention_mask"]
 UT_PAD = 64  # chunks longer than this are padded to a multiple of it for `block_ut`
 
 
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in dtype; x itself when it has it (no dispatched op: a decode step is latency
+    bound)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _head_major(x: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
     """[B, T, H, *F] -> [B, H, T, *F] (a view when no cast is needed)."""
-    return x.to(cd).transpose(1, 2)
+    return _cast(x, cd).transpose(1, 2)
 
 
 # ----------------------------------------------------------------------------- prefill
@@ -63,7 +69,7 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
     Args:
         q, k, v, w, beta, g, scale: as `pathattn.path_attn`: q [B, T, HQ, D]; k, w
             [B, T, H, D]; v [B, T, H, Dv]; beta [B, T, H]; g [B, T, HQ] log forget gates or
-            None.
+            None. R reflections per token: w [B, T, H, R, D], beta [B, T, H, R].
         attention_mask: optional [B, T] (bool or integer 0 / 1): 1 for real tokens, 0 for
             padding, padding only on the left. Each row then equals its real tokens run
             alone; output rows at padding are zero.
@@ -78,7 +84,8 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
     cumsums.
     """
     check_path_attn_inputs(q, k, v, w, beta, g, scale, None)
-    impl = select_backend(backend, q)
+    w, beta = single_reflection(w, beta)  # R = 1 runs as w [B, T, H, D]
+    impl = select_backend(backend, q, num_reflections(w))
     B, T, HQ, _ = q.shape
     mask = check_attention_mask(attention_mask, B, T, q.device)
     inputs = (q, k, v, w, beta, g)
@@ -159,8 +166,12 @@ def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
     if keys is None:  # a key-only UT pass over the (padding-zeroed) prompt
         kh, wh = (_head_major(x, cd) for x in (k, w))  # [B, H, T, D]
         bh = _head_major(beta, cd)  # [B, H, T]
+        keep_w = keep
+        if w.ndim == 5:  # R reflections per token, in order: [B, H, T * R, D]
+            wh, bh = wh.flatten(2, 3), bh.flatten(2, 3)
+            keep_w = None if keep is None else keep.repeat_interleave(w.shape[3], dim=-1)
         if keep is not None:
-            kh, wh, bh = kh * keep[..., None], wh * keep[..., None], bh * keep
+            kh, wh, bh = kh * keep[..., None], wh * keep_w[..., None], bh * keep_w
         kn = key_transforms(kh, wh, bh)[0]
     else:  # already zero at padding
         kn = _head_major(keys, cd)
@@ -173,7 +184,7 @@ def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
         if mask is not None:
             g64 = g64 * mask[..., None]
         G = g64.cumsum(1).transpose(1, 2)  # [B, HQ, T]
-    return PaTHCache(kn, vh, G, start, HQ)
+    return PaTHCache(kn, vh, G, start, HQ, padded=mask is not None)
 
 
 # ----------------------------------------------------------------------------- step
@@ -196,7 +207,8 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
 
     Args:
         q [B, m, HQ, D], k, w [B, m, H, D], v [B, m, H, Dv], beta [B, m, H], g [B, m, HQ] or
-            None: the new tokens, as in `path_attn` (g required iff the prefill had gates).
+            None: the new tokens, as in `path_attn` (g required iff the prefill had gates);
+            R reflections per token: w [B, m, H, R, D], beta [B, m, H, R].
         state: the `PaTHCache` of `path_attn_prefill`; updated in place (the tokens are
             appended; their transforms reach the earlier keys, lazily).
         scale: logit scale, default D ** -0.5 (the gate term is not scaled).
@@ -207,7 +219,10 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
     sequence (each row from its own start with left padding). No gradients.
     """
     _check_step(q, k, v, w, beta, g, state, scale)
-    select_backend(backend, q)
+    key = (backend, q.dtype) if isinstance(backend, str) else None
+    if key not in state.step_backends:  # checked once per cache and dtype
+        select_backend(backend, q)
+        state.step_backends.add(key)
     B, m, HQ, D = q.shape
     scale = default_scale(D, scale)
     with torch.no_grad():
@@ -224,7 +239,7 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
             o = _step_chunk(state, q, k, vh, w, beta, G, scale)  # [B, H, Gr * m, Dv]
             H = o.shape[1]
             o = o.view(B, H, HQ // H, m, -1).permute(0, 3, 1, 2, 4)
-    return o.reshape(B, m, HQ, -1).to(q.dtype)
+    return _cast(o.reshape(B, m, HQ, -1), q.dtype)
 
 
 def _decode_token(state: PaTHCache, q, k, v, w, beta, G, scale: float) -> torch.Tensor:
@@ -237,10 +252,11 @@ def _decode_token(state: PaTHCache, q, k, v, w, beta, G, scale: float) -> torch.
     """
     B, _, HQ, D = q.shape
     H, cd = state.num_heads, state.dtype
-    qs = q.to(cd).reshape(B, H, HQ // H, D) * scale
-    kh, wh = (x.to(cd).reshape(B, H, 1, D) for x in (k, w))
+    qs = _cast(q, cd).reshape(B, H, HQ // H, D) * scale
+    kh = _cast(k, cd).reshape(B, H, 1, D)
+    wh = _cast(w, cd).reshape(B, H, -1, D)  # [B, H, R, D]: the token's R reflections
     T0 = state.committed_len
-    state.append(kh, kh, Transition(wh, beta.to(cd).reshape(B, H, 1), None), v, G)
+    state.append(kh, kh, Transition(wh, _cast(beta, cd).reshape(B, H, -1), None), v, G)
     Y = qs @ state.window_rows().mT  # [B, H, Gr, D + T + 1 - T0]
     return _attend(state, Y, T0, 1)
 
@@ -264,10 +280,14 @@ def _chunk_ut(q, k, w, beta, scale: float, cd: torch.dtype) -> ChunkUT:
     qb = q.to(cd).view(B, m, H, Gr, D).permute(0, 2, 3, 1, 4)  # [B, H, Gr, m, D]
     kb, wb = (_head_major(x, cd) for x in (k, w))  # [B, H, m, D]
     bb = _head_major(beta, cd)  # [B, H, m]
+    R = num_reflections(w)
+    if w.ndim == 5:  # [B, H, m * R, D] and [B, H, m * R]: the reflections in order
+        wb, bb = wb.flatten(2, 3), bb.flatten(2, 3)
     C = m if m <= UT_PAD else -(-m // UT_PAD) * UT_PAD
     pad = C - m  # identity tokens after the chunk (their rows are dropped)
-    qp, kp, wp = (F.pad(x, (0, 0, 0, pad)).contiguous() for x in (qb, kb, wb))
-    ut = block_ut(qp, kp, wp, F.pad(bb, (0, pad)).contiguous(), scale)
+    qp, kp = (F.pad(x, (0, 0, 0, pad)).contiguous() for x in (qb, kb))
+    wp = F.pad(wb, (0, 0, 0, pad * R)).contiguous()
+    ut = block_ut(qp, kp, wp, F.pad(bb, (0, pad * R)).contiguous(), scale)
     qt = ut.qt.view(B, H, Gr, C, D)[:, :, :, :m].reshape(B, H, Gr * m, D)
     upper = torch.ones(m, m, dtype=torch.bool, device=q.device).triu(1)
     s = ut.s_diag.view(B, H, Gr, C, C)[..., :m, :m].masked_fill(upper, float("-inf"))
@@ -285,8 +305,11 @@ def _attend(state: PaTHCache, Y: torch.Tensor, T0: int, m: int) -> torch.Tensor:
     Returns [B, H, R, Dv].
     """
     D, n = state.head_dim, state.seq_len
-    bias = _bias(state, m)  # [B, H, R, n]
-    bias[..., T0:] += Y[..., D:]
+    if state.has_gates or state.padded:
+        bias = _bias(state, m)  # [B, H, R, n]
+        bias[..., T0:] += Y[..., D:]
+    else:  # the window logits after T0 zeros
+        bias = F.pad(Y[..., D:], (T0, 0))  # [B, H, R, n]
     return _attention(Y[..., :D], state.keys(n), state.values(n), bias)
 
 
@@ -339,8 +362,9 @@ def _step_fits(q, k, v, w, beta, g, state: PaTHCache, scale) -> bool:
     m = q.shape[1] if q.ndim == 4 else 0
     dev = state.device
     return (m >= 1 and q.shape == (B, m, HQ, D) and k.shape == (B, m, H, D)
-            and w.shape == k.shape and v.shape == (B, m, H, state.value_dim)
-            and beta.shape == (B, m, H) and (g is None or g.shape == (B, m, HQ))
+            and w.shape[:3] + w.shape[-1:] == k.shape and w.ndim in (4, 5)
+            and v.shape == (B, m, H, state.value_dim) and beta.shape == w.shape[:-1]
+            and (w.ndim == 4 or w.shape[3] >= 1) and (g is None or g.shape == (B, m, HQ))
             and q.dtype in _FLOAT and k.dtype == v.dtype == w.dtype == q.dtype
             and compute_dtype(q.dtype) == state.dtype and beta.dtype.is_floating_point
             and (g is None or g.dtype.is_floating_point)

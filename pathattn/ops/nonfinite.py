@@ -35,8 +35,10 @@ def _bad_rows(x: torch.Tensor, feature_dims: int) -> torch.Tensor:
 
 
 def _kv_bad(k, v, w, beta) -> torch.Tensor:
-    """[B, T, H] True where a token's k, v, w or beta has a non-finite entry."""
-    return _bad_rows(k, 1) | _bad_rows(v, 1) | _bad_rows(w, 1) | _bad_rows(beta, 0)
+    """[B, T, H] True where a token's k, v, w or beta has a non-finite entry (w [B, T, H, D]
+    or [B, T, H, R, D], beta [B, T, H] or [B, T, H, R])."""
+    return (_bad_rows(k, 1) | _bad_rows(v, 1) | _bad_rows(w, w.ndim - 3)
+            | _bad_rows(beta, beta.ndim - 3))
 
 
 def isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens):

@@ -7,7 +7,7 @@ import torch
 from .backends import Backend, get_backend, select_backend
 from .layout import BlockLayout, make_layout
 from .nonfinite import isolate_nonfinite, poison_keys, poison_rows
-from .stages import compute_dtype, default_scale
+from .stages import compute_dtype, default_scale, num_reflections, single_reflection
 from .validation import check_block_size, check_path_attn_inputs
 
 __all__ = ["path_attn", "path_attn_with_keys", "DEFAULT_BLOCK_SIZE", "blockwise_layout",
@@ -34,8 +34,12 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
             key/value head h // (HQ // H)).
         v: [B, T, H, Dv] values.
         w: [B, T, H, D] Householder directions (the layer L2-normalises them; the op does
-            not require it).
-        beta: [B, T, H] Householder strengths (the layer keeps them in (0, 2)).
+            not require it), or [B, T, H, R, D]: R >= 1 reflections per token, H_t =
+            H_{t,1} H_{t,2} ... H_{t,R} with H_{t,r} = I - beta_{t,r} w_{t,r} w_{t,r}^T
+            (R = 1 is the same op as w [B, T, H, D]; backends without several reflections,
+            `pathattn.ops.backends`, refuse R > 1 and "auto" passes over them).
+        beta: [B, T, H] Householder strengths (the layer keeps them in (0, 2)), or
+            [B, T, H, R] with w [B, T, H, R, D].
         g: [B, T, HQ] log forget gates (<= 0) of PaTH-FoX, or None.
         scale: logit scale, default D ** -0.5. It multiplies only the PaTH term, not the
             gate term (the paper's and FoX's convention). fla's `parallel_path_attn`
@@ -65,6 +69,11 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
 
     Autocast does not reach inside: the op keeps its own precision rule (above) and
     returns q's dtype whatever autocast region it is called in.
+
+    torch.compile traces it, forward and backward, without a graph break (fullgraph=True,
+    dynamic sequence lengths, cu_seqlens): every backend runs as torch.library custom ops
+    (`pathattn.ops.backends`), and the checks that read cu_seqlens' values run inside the
+    compiled graph (their error comes when the compiled code runs).
     """
     device = q.device.type if isinstance(q, torch.Tensor) else "cpu"  # bad q: checked below
     with torch.autocast(device, enabled=False):
@@ -73,7 +82,8 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
 
 def _path_attn(q, k, v, w, beta, g, scale, cu_seqlens, block_size, backend):
     check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
-    impl = select_backend(backend, q)
+    w, beta = single_reflection(w, beta)  # R = 1 runs as w [B, T, H, D]
+    impl = select_backend(backend, q, num_reflections(w))
     check_block_size(block_size)
     B, T, HQ, D = q.shape
     if B * T == 0:
@@ -87,15 +97,18 @@ def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None
                         block_size=None, backend: str = "auto"
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """`path_attn` (no autograd) plus every key transformed by all later tokens of its
-    sequence: keys[b, j] = H_{T-1} ... H_{j+1} k_j (T the sequence's length), the cache of
-    `path_attn_prefill`. Arguments as `path_attn`; the backend must provide the keys
-    (`pathattn.ops.backends`: "cpu" and "torch" do; "auto" picks one that does).
+    sequence: keys[b, j] = H_{T-1} ... H_{j+1} k_j (T the sequence's length; row form
+    k_j^T H_{j+1} ... H_{T-1}, the definition when R > 1 reflections per token make H_t
+    non-symmetric), the cache of `path_attn_prefill`. Arguments as `path_attn`; the
+    backend must provide the keys (`pathattn.ops.backends`: "cpu" and "torch" do; "auto"
+    picks one that does).
 
     Returns o [B, T, HQ, Dv] in q's dtype and keys [B, T, H, D] in the compute dtype
     (float32, or float64 for float64 inputs).
     """
     check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
-    impl = keys_backend(backend, q)
+    w, beta = single_reflection(w, beta)  # R = 1 runs as w [B, T, H, D]
+    impl = keys_backend(backend, q, reflections=num_reflections(w))
     check_block_size(block_size)
     B, T, HQ, D = q.shape
     if B * T == 0:
@@ -109,15 +122,15 @@ def path_attn_with_keys(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None
     return poison_rows(o, bad), poison_keys(keys, k, v, w, beta, cu_seqlens)
 
 
-def keys_backend(backend: str, q: torch.Tensor, what: str = "path_attn_with_keys"
-                 ) -> Backend:
+def keys_backend(backend: str, q: torch.Tensor, what: str = "path_attn_with_keys",
+                 reflections: int = 1) -> Backend:
     """The blockwise backend of `path_attn_with_keys` (and of context parallelism, `what`
     names the caller): `backend` when it provides the keys; for "auto" the first of "cpu",
-    "torch" that takes q."""
+    "torch" that takes q (both take any number of reflections per token)."""
     if backend == "auto":
         cpu = get_backend("cpu")
         return cpu if cpu.refuses(q) is None else get_backend("torch")
-    impl = select_backend(backend, q)
+    impl = select_backend(backend, q, reflections)
     if impl.with_keys is None:
         raise ValueError(f"backend={backend!r}: {what} runs on the blockwise backends "
                          "'cpu' and 'torch'")

@@ -1,7 +1,8 @@
 """Reference implementations of PaTH / PaTH-FoX attention: the oracles of the tests.
 
 Both functions compute, for each sequence and each query head, the paper's definition
-(section 2.2, "PaTH-FoX" paragraph) with H_t = I - beta_t w_t w_t^T:
+(section 2.2, "PaTH-FoX" paragraph) with H_t = I - beta_t w_t w_t^T, or, with R reflections
+per token, H_t = H_{t,1} H_{t,2} ... H_{t,R}, H_{t,r} = I - beta_{t,r} w_{t,r} w_{t,r}^T:
 
     logit(i, j) = scale * k_j^T H_{j+1} H_{j+2} ... H_i q_i  +  (G_i - G_j),   j <= i
     o_i         = sum_j softmax_j(logit(i, .)) v_j
@@ -15,11 +16,15 @@ They are written for clarity, not speed: O(T^2) memory, float64 by default.
       A     = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)          [T, T]
       logit = tril(Q K^T) - tril(Q W^T) A strictLower(W K^T)               [T, T]
 
-  (A is the paper's T^{-1}.)
+  (A is the paper's T^{-1}.) With R reflections per token the same formula runs over the
+  L * R reflections, reflection l = t * R + r of token t = l // R, and the two masks read
+  the token of each reflection: query i takes the reflections of tokens <= i, key j those
+  of tokens > j.
 
-Shapes follow `pathattn.path_attn`: q [B, T, HQ, D]; k, w [B, T, H, D]; v [B, T, H, Dv];
-beta [B, T, H]; g [B, T, HQ] or None; cu_seqlens [N + 1] with B == 1 for packed sequences.
-Query head h uses key/value head h // (HQ // H).
+Shapes follow `pathattn.path_attn`: q [B, T, HQ, D]; k [B, T, H, D]; v [B, T, H, Dv];
+w [B, T, H, D] and beta [B, T, H] (one reflection per token), or w [B, T, H, R, D] and
+beta [B, T, H, R]; g [B, T, HQ] or None; cu_seqlens [N + 1] with B == 1 for packed
+sequences. Query head h uses key/value head h // (HQ // H).
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ def _run(one_sequence, q, k, v, w, beta, g, scale, cu_seqlens, dtype):
         bs = cast(beta[b, s:e])
         G = None if g is None else torch.cumsum(cast(g[b, s:e]), dim=0)  # [L, HQ]
         ks, vs, ws, bs = (expand_kv_heads(x, groups) for x in (ks, vs, ws, bs))
+        if ws.ndim == 3:  # one reflection per token: [L, HQ, 1, D]
+            ws, bs = ws[:, :, None], bs[:, :, None]
         logits = one_sequence(qs, ks, ws, bs) * scale  # [HQ, L, L]
         pieces.append(((b, s, e), _softmax_out(logits, G, vs)))
     # assemble without in-place writes so that autograd flows through every piece
@@ -87,11 +94,12 @@ def _run(one_sequence, q, k, v, w, beta, g, scale, cu_seqlens, dtype):
 
 
 def _logits_naive(q, k, w, beta):
-    """Sequential definition. q, k, w [L, HQ, D], beta [L, HQ] -> logits [HQ, L, L].
+    """Sequential definition. q, k [L, HQ, D], w [L, HQ, R, D], beta [L, HQ, R] -> logits
+    [HQ, L, L].
 
     Walk the key index j from L-1 down to 0 keeping, for every query i >= j,
     x_i = H_{j+1} ... H_i q_i; then logit(i, j) = k_j . x_i, and stepping to j-1
-    applies H_j to every x_i with i >= j.
+    applies H_j = H_{j,1} ... H_{j,R} to every x_i with i >= j (H_{j,R} first).
     """
     L = q.shape[0]
     x = q  # x[i] = H_{j+1} ... H_i q_i for the current j (empty product when i == j)
@@ -101,24 +109,30 @@ def _logits_naive(q, k, w, beta):
     for j in range(L - 1, -1, -1):
         col = torch.einsum("ihd,hd->hi", x, k[j])  # [HQ, L]
         columns.append(torch.where(idx >= j, col, neg_inf))
-        # x_i <- H_j x_i = x_i - beta_j (w_j . x_i) w_j   for i >= j
-        proj = torch.einsum("ihd,hd->ih", x, w[j]) * beta[j]  # [L, HQ]
-        upd = proj[:, :, None] * w[j][None]  # [L, HQ, D]
-        x = x - torch.where((idx >= j)[:, None, None], upd, torch.zeros_like(upd))
+        for r in range(w.shape[2] - 1, -1, -1):
+            # x_i <- H_{j,r} x_i = x_i - beta_{j,r} (w_{j,r} . x_i) w_{j,r}   for i >= j
+            wr = w[j, :, r]  # [HQ, D]
+            proj = torch.einsum("ihd,hd->ih", x, wr) * beta[j, :, r]  # [L, HQ]
+            upd = proj[:, :, None] * wr[None]  # [L, HQ, D]
+            x = x - torch.where((idx >= j)[:, None, None], upd, torch.zeros_like(upd))
     return torch.stack(columns[::-1], dim=-1)  # [HQ, L(i), L(j)]
 
 
 def _logits_full_matrix(q, k, w, beta):
-    """Masked UT form (section 3.2). q, k, w [L, HQ, D], beta [L, HQ] -> logits [HQ, L, L]."""
-    L = q.shape[0]
-    Q, K, W = (x.transpose(0, 1) for x in (q, k, w))  # [HQ, L, D]
-    bt = beta.transpose(0, 1)  # [HQ, L]
-    eye = torch.eye(L, dtype=q.dtype, device=q.device)
-    Tm = eye + torch.tril(bt[:, :, None] * (W @ W.transpose(1, 2)), diagonal=-1)  # [HQ, L, L]
+    """Masked UT form (section 3.2) over the L * R reflections. q, k [L, HQ, D],
+    w [L, HQ, R, D], beta [L, HQ, R] -> logits [HQ, L, L]."""
+    L, HQ, R, D = w.shape
+    Q, K = (x.transpose(0, 1) for x in (q, k))  # [HQ, L, D]
+    W = w.transpose(0, 1).reshape(HQ, L * R, D)  # [HQ, L*R, D], reflection l = t * R + r
+    bt = beta.transpose(0, 1).reshape(HQ, L * R)  # [HQ, L*R]
+    eye = torch.eye(L * R, dtype=q.dtype, device=q.device)
+    Tm = eye + torch.tril(bt[:, :, None] * (W @ W.transpose(1, 2)), diagonal=-1)  # [HQ, LR, LR]
     A = torch.linalg.solve_triangular(Tm, torch.diag_embed(bt), upper=False, unitriangular=True)
     QK = Q @ K.transpose(1, 2)
-    QW = torch.tril(Q @ W.transpose(1, 2))  # k <= i
-    WK = torch.tril(W @ K.transpose(1, 2), diagonal=-1)  # l > j
+    token = torch.arange(L * R, device=q.device) // R  # token of each reflection
+    pos = torch.arange(L, device=q.device)
+    QW = (Q @ W.transpose(1, 2)) * (token[None, :] <= pos[:, None])  # [HQ, L, LR]: token <= i
+    WK = (W @ K.transpose(1, 2)) * (token[:, None] > pos[None, :])  # [HQ, LR, L]: token > j
     logits = QK - QW @ A @ WK
     mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
     return logits.masked_fill(~mask, float("-inf"))

@@ -9,6 +9,11 @@ Block tensors put the C tokens of a block next to each other, blocks in the scan
 [NB, H, C, ...]; queries and outputs per key/value head and group of query heads
 [NB, H, Gr, C, ...] (GQA: Gr = HQ // H query heads share a key/value head).
 
+Several reflections per token (w [B, T, H, R, D], beta [B, T, H, R]): the block holds the
+C * R reflections in order, wb [NB, H, C * R, D] and bb [NB, H, C * R], reflection
+l = t * R + r of the block's token t (H_t = H_{t,1} ... H_{t,R}). The UT transform
+(`pathattn.ops.ut`) reads R from these shapes; nothing after it depends on R.
+
 Also decided here, once: the compute dtype (`compute_dtype`), the default logit scale
 (`default_scale`) and the suffix products of block transitions (`suffix_transitions`).
 """
@@ -23,8 +28,8 @@ from .gates import BlockGates, block_gates
 from .layout import BlockLayout, from_blocks, to_blocks
 
 __all__ = ["compute_dtype", "default_scale", "expand_kv_heads", "kv_blocks", "row_blocks",
-           "rows_to_tokens", "kv_tokens", "ut_blocks", "BlockInputs", "block_inputs",
-           "suffix_transitions", "chain_suffix_products"]
+           "rows_to_tokens", "kv_tokens", "ut_blocks", "num_reflections", "single_reflection",
+           "BlockInputs", "block_inputs", "suffix_transitions", "chain_suffix_products"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -34,8 +39,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def default_scale(D: int, scale: float | None) -> float:
-    """The logit scale: `scale` as a float, D ** -0.5 when None."""
-    return D**-0.5 if scale is None else float(scale)
+    """The logit scale: `scale` as a float, D ** -0.5 when None. D is read as a plain int
+    (under torch.compile with dynamic shapes: the head dim is specialized, so the scale
+    stays a constant of the graph)."""
+    return int(D)**-0.5 if scale is None else float(scale)
 
 
 def expand_kv_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -52,8 +59,26 @@ def kv_blocks(x: torch.Tensor, lay: BlockLayout, cd: torch.dtype) -> torch.Tenso
 
 
 def kv_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
-    """Blocks [NB, H, C, *F] -> tokens of `shape` [B, T, H, *F] (inverse of `kv_blocks`)."""
+    """Blocks [NB, H, C, *F] -> tokens of `shape` [B, T, H, *F] (inverse of `kv_blocks`).
+    Reflections [NB, H, C * R, *F] -> tokens [B, T, H, R, *F] (inverse of `ut_blocks`)."""
+    if xb.shape[2] != lay.C:
+        xb = xb.unflatten(2, (lay.C, -1))  # [NB, H, C, R, *F]
     return from_blocks(xb.transpose(1, 2), lay).view(shape)
+
+
+def num_reflections(w: torch.Tensor) -> int:
+    """R, the reflections per token: 1 for w [B, T, H, D], w.shape[3] for w
+    [B, T, H, R, D]."""
+    return 1 if w.ndim == 4 else w.shape[3]
+
+
+def single_reflection(w: torch.Tensor, beta: torch.Tensor):
+    """(w, beta) with R = 1 given as [B, T, H, 1, D] and [B, T, H, 1] -> [B, T, H, D] and
+    [B, T, H] (views; gradients flow back to the 5-D tensors): every backend then runs the
+    one-reflection path. Other shapes are returned as they are."""
+    if w.ndim == 5 and w.shape[3] == 1:
+        return w.squeeze(3), beta.squeeze(3)
+    return w, beta
 
 
 def row_blocks(x: torch.Tensor, lay: BlockLayout, H: int, cd: torch.dtype) -> torch.Tensor:
@@ -74,10 +99,13 @@ def rows_to_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
 
 def ut_blocks(q, k, w, beta, lay: BlockLayout, cd: torch.dtype):
     """The UT transform's inputs as blocks: qb [NB, H, Gr, C, D], kb and wb [NB, H, C, D],
-    bb [NB, H, C]."""
+    bb [NB, H, C]; with R reflections per token (w [B, T, H, R, D], beta [B, T, H, R])
+    wb [NB, H, C * R, D] and bb [NB, H, C * R] (module docstring)."""
     H = k.shape[2]
-    return (row_blocks(q, lay, H, cd), kv_blocks(k, lay, cd), kv_blocks(w, lay, cd),
-            kv_blocks(beta, lay, cd))
+    wb, bb = kv_blocks(w, lay, cd), kv_blocks(beta, lay, cd)
+    if w.ndim == 5:  # [NB, H, C, R, D] -> [NB, H, C * R, D], reflection l = t * R + r
+        wb, bb = wb.flatten(2, 3), bb.flatten(2, 3)
+    return row_blocks(q, lay, H, cd), kv_blocks(k, lay, cd), wb, bb
 
 
 class BlockInputs(NamedTuple):
@@ -85,8 +113,8 @@ class BlockInputs(NamedTuple):
 
     qb: torch.Tensor  # [NB, H, Gr, C, D]
     kb: torch.Tensor  # [NB, H, C, D]
-    wb: torch.Tensor  # [NB, H, C, D]
-    bb: torch.Tensor  # [NB, H, C]
+    wb: torch.Tensor  # [NB, H, C * R, D]
+    bb: torch.Tensor  # [NB, H, C * R]
     vb: torch.Tensor  # [NB, H, C, Dv]
     gates: BlockGates | None
 
@@ -97,9 +125,9 @@ class BlockInputs(NamedTuple):
 
 
 def block_inputs(q, k, v, w, beta, g, lay: BlockLayout) -> BlockInputs:
-    """Tokens q [B, T, HQ, D], k, w [B, T, H, D], v [B, T, H, Dv], beta [B, T, H], g
-    [B, T, HQ] or None -> blocks in the compute dtype (gate sums in float64,
-    `pathattn.ops.gates`)."""
+    """Tokens q [B, T, HQ, D], k [B, T, H, D], w [B, T, H, D] or [B, T, H, R, D],
+    v [B, T, H, Dv], beta [B, T, H] or [B, T, H, R], g [B, T, HQ] or None -> blocks in the
+    compute dtype (gate sums in float64, `pathattn.ops.gates`)."""
     B, T, HQ, _ = q.shape
     H = k.shape[2]
     cd = compute_dtype(q.dtype)

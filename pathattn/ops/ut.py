@@ -79,11 +79,13 @@ class _UnitLowerInverse(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, Tm):
+    def forward(Tm):
         eye = torch.eye(Tm.shape[-1], dtype=Tm.dtype, device=Tm.device).expand_as(Tm)
-        X = torch.linalg.solve_triangular(Tm, eye, upper=False, unitriangular=True)
-        ctx.save_for_backward(X)
-        return X
+        return torch.linalg.solve_triangular(Tm, eye, upper=False, unitriangular=True)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # separate: torch.func transforms need it
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, dX):
@@ -92,22 +94,36 @@ class _UnitLowerInverse(torch.autograd.Function):
         return torch.tril(-(Xt @ dX @ Xt), diagonal=-1)
 
 
+def _ut_masks(c: int, R: int, dt: torch.dtype, dev):
+    """Masks of a sub-block of c tokens with R reflections each (reflection l belongs to
+    token l // R): strict [cR, cR] strictly lower (the UT matrix); incl [c, cR], query i
+    takes reflection l when l // R <= i (tril for R = 1); later [cR, c], key j takes
+    reflection l when l // R > j (strictly lower for R = 1)."""
+    token = torch.arange(c * R, device=dev) // R  # [cR]
+    pos = torch.arange(c, device=dev)  # [c]
+    lower = torch.ones(c * R, c * R, dtype=torch.bool, device=dev).tril()
+    strict = (lower & ~torch.eye(c * R, dtype=torch.bool, device=dev)).to(dt)
+    incl = (token[None, :] <= pos[:, None]).to(dt)
+    later = (token[:, None] > pos[None, :]).to(dt)
+    return strict, incl, later
+
+
 def _ut_small(qb, kb, wb, bb):
-    """UT transform of sub-blocks. qb [NB, H, Gr, m, c, D]; kb, wb [NB, H, m, c, D];
-    bb [NB, H, m, c]. Returns unscaled (Q~, K~, Pt, S) with shapes
+    """UT transform of sub-blocks. qb [NB, H, Gr, m, c, D]; kb [NB, H, m, c, D]; wb
+    [NB, H, m, c*R, D] and bb [NB, H, m, c*R], the R reflections of each token in order
+    (R = 1: one per token). Returns unscaled (Q~, K~, Pt, S) with shapes
     [NB, H, Gr, m, c, D], [NB, H, m, c, D], [NB, H, m, D, D], [NB, H, Gr, m, c, c]."""
-    c, D = wb.shape[-2:]
+    cr, D = wb.shape[-2:]  # c * R reflections
+    c = kb.shape[-2]
     dev, dt = wb.device, wb.dtype
-    lower = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
-    incl = lower.to(dt)  # tril, diagonal included
-    strict = (lower & ~torch.eye(c, dtype=torch.bool, device=dev)).to(dt)
-    eye_c = torch.eye(c, dtype=dt, device=dev)
-    Tm = (wb @ wb.transpose(-1, -2)).mul_(bb[..., :, None]).mul_(strict).add_(eye_c)  # [.., c, c]
+    strict, incl, later = _ut_masks(c, cr // c, dt, dev)
+    eye_c = torch.eye(cr, dtype=dt, device=dev)
+    Tm = (wb @ wb.transpose(-1, -2)).mul_(bb[..., :, None]).mul_(strict).add_(eye_c)  # [.., cR, cR]
     Tinv = _UnitLowerInverse.apply(Tm)
-    A = Tinv * bb[..., None, :]  # [NB, H, m, c, c] = Tm^{-1} diag(beta)
-    AW = A @ wb  # [NB, H, m, c, D]
-    M = A @ (wb @ kb.transpose(-1, -2)).mul_(strict)  # A strictLower(W K^T) [NB, H, m, c, c]
-    QW = (qb @ wb[:, :, None].transpose(-1, -2)).mul_(incl)  # tril(Q W^T) [NB, H, Gr, m, c, c]
+    A = Tinv * bb[..., None, :]  # [NB, H, m, cR, cR] = Tm^{-1} diag(beta)
+    AW = A @ wb  # [NB, H, m, cR, D]
+    M = A @ (wb @ kb.transpose(-1, -2)).mul_(later)  # A later(W K^T) [NB, H, m, cR, c]
+    QW = (qb @ wb[:, :, None].transpose(-1, -2)).mul_(incl)  # incl(Q W^T) [NB, H, Gr, m, c, cR]
     q_tilde = qb - QW @ AW[:, :, None]
     s = qb @ kb[:, :, None].transpose(-1, -2) - QW @ M[:, :, None]
     k_tilde = kb - M.transpose(-1, -2) @ wb
@@ -142,14 +158,19 @@ def block_ut(qb: torch.Tensor, kb: torch.Tensor, wb: torch.Tensor, bb: torch.Ten
              scale: float, sub_block: int | None = None) -> BlockUT:
     """UT transform of every block of C tokens, built from sub-blocks of `sub_block` tokens.
 
-    qb [NB, H, Gr, C, D]; kb, wb [NB, H, C, D]; bb [NB, H, C]; one floating dtype.
+    qb [NB, H, Gr, C, D]; kb, wb [NB, H, C, D]; bb [NB, H, C]; one floating dtype. With R
+    reflections per token wb is [NB, H, C * R, D] and bb [NB, H, C * R] (reflection
+    l = t * R + r of token t, `pathattn.ops.stages`): the sub-block's UT runs over its
+    c * R reflections, and only its masks read the token of each; the outputs and the
+    merges do not depend on R. `sub_block` counts tokens.
     """
     NB, H, Gr, C, D = qb.shape
+    R = wb.shape[-2] // C  # reflections per token
     c = sub_block_size(C, sub_block_target(D)) if sub_block is None else sub_block
     m = C // c
     # the scale multiplies every query-side quantity: apply it once to q
     qt, kt, pt, s = _ut_small((qb * scale).view(NB, H, Gr, m, c, D), kb.view(NB, H, m, c, D),
-                              wb.view(NB, H, m, c, D), bb.view(NB, H, m, c))
+                              wb.view(NB, H, m, c * R, D), bb.view(NB, H, m, c * R))
     while m > 1:
         qt, kt, pt, s = _merge_pairs(qt, kt, pt, s)
         m //= 2

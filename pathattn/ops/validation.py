@@ -7,7 +7,8 @@ import numbers
 
 import torch
 
-__all__ = ["check_path_attn_inputs", "check_block_size", "check_cu_seqlens"]
+__all__ = ["check_path_attn_inputs", "check_block_size", "check_cu_seqlens",
+           "check_tensor", "check_same", "check_scale"]
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -27,20 +28,61 @@ def _same(name: str, got, want, what: str) -> None:
         raise ValueError(f"{name}: expected {what} {want}, got {got}")
 
 
+def check_tensor(name: str, x, ndim: int, layout: str) -> None:
+    """x must be a float tensor (float16, bfloat16, float32, float64) with `ndim` dimensions;
+    `layout` names them in the message, e.g. "[B, T, HQ, D]"."""
+    _tensor(name, x, ndim, layout)
+
+
+def check_same(name: str, got, want, what: str) -> None:
+    """`got` must equal `want`; the message says "name: expected <what> <want>, got <got>"."""
+    _same(name, got, want, what)
+
+
+def check_scale(scale) -> None:
+    """scale: None or a finite positive number (not a bool)."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError("scale must be a positive number or None (finite, not a bool), "
+                         f"got {scale!r}")
+
+
+def _reflections(w) -> int | None:
+    """R of w [B, T, H, R, D] (R >= 1 reflections per token), None for w [B, T, H, D]."""
+    if not isinstance(w, torch.Tensor) or w.ndim != 5:
+        return None
+    _tensor("w", w, 5, "[B, T, H, R, D]")
+    if w.shape[3] < 1:
+        raise ValueError("w: the number of reflections per token R = w.shape[3] of "
+                         f"w [B, T, H, R, D] must be at least 1, got shape {tuple(w.shape)}")
+    return w.shape[3]
+
+
 def check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens) -> None:
     """Validate the arguments of `path_attn` (shapes in its docstring)."""
     _tensor("q", q, 4, "[B, T, HQ, D]")
     _tensor("k", k, 4, "[B, T, H, D]")
     _tensor("v", v, 4, "[B, T, H, Dv]")
-    _tensor("w", w, 4, "[B, T, H, D]")
-    _tensor("beta", beta, 3, "[B, T, H]")
+    R = _reflections(w)  # None: one reflection per token, w [B, T, H, D]
+    if R is None:
+        _tensor("w", w, 4, "[B, T, H, D] (or [B, T, H, R, D] for R reflections per token)")
+        _tensor("beta", beta, 3, "[B, T, H] (w is [B, T, H, D])")
+    else:
+        _tensor("beta", beta, 4, "[B, T, H, R] (w is [B, T, H, R, D])")
     B, T, HQ, D = q.shape
     _same("k", tuple(k.shape[:2]), (B, T), "[B, T] equal to q's")
     H = k.shape[2]
     _same("k", k.shape[3], D, "head dim D equal to q's")
-    _same("w", tuple(w.shape), tuple(k.shape), "shape [B, T, H, D] equal to k's")
+    if R is None:
+        _same("w", tuple(w.shape), tuple(k.shape), "shape [B, T, H, D] equal to k's")
+    else:
+        _same("w", tuple(w.shape[:3]) + tuple(w.shape[4:]), tuple(k.shape),
+              "[B, T, H] and D of w [B, T, H, R, D] equal to k's")
     _same("v", tuple(v.shape[:3]), (B, T, H), "[B, T, H] equal to k's")
-    _same("beta", tuple(beta.shape), (B, T, H), "shape [B, T, H]")
+    if R is None:
+        _same("beta", tuple(beta.shape), (B, T, H), "shape [B, T, H]")
+    else:
+        _same("beta", tuple(beta.shape), (B, T, H, R), "shape [B, T, H, R] (w's first four)")
     if H == 0 or HQ % H:
         raise ValueError(f"q: number of query heads HQ={HQ} must be a multiple of the number "
                          f"of key/value heads H={H} (GQA/MQA)")
@@ -82,6 +124,10 @@ def check_block_size(block_size) -> int:
 
 
 def check_cu_seqlens(cu, B: int, T: int) -> None:
+    """cu_seqlens: an int32 / int64 tensor [N + 1] (N >= 1) from 0 to T, non-decreasing,
+    with B == 1. Under torch.compile the values are checked in the graph instead of on the
+    host (no graph break): a RuntimeError when the compiled code runs (`assert_in_graph`);
+    the blockwise op checks them again with this function's ValueError."""
     if not isinstance(cu, torch.Tensor) or cu.ndim != 1:
         raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of sequence "
                          "boundaries")
@@ -91,9 +137,21 @@ def check_cu_seqlens(cu, B: int, T: int) -> None:
         raise ValueError(f"cu_seqlens needs packed inputs with B == 1, got B={B}")
     if cu.numel() < 2:
         raise ValueError("cu_seqlens must hold at least 2 boundaries [0, ..., T]")
+    if torch.compiler.is_compiling():
+        assert_in_graph((cu[0] == 0) & (cu[-1] == T) & (cu[1:] >= cu[:-1]).all(),
+                        f"cu_seqlens must start at 0, end at T={T} and be non-decreasing")
+        return
     c = cu.detach().cpu()
     if int(c[0]) != 0 or int(c[-1]) != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got "
                          f"{int(c[0])} ... {int(c[-1])}")
     if bool((c[1:] < c[:-1]).any()):
         raise ValueError("cu_seqlens must be non-decreasing")
+
+
+def assert_in_graph(ok: torch.Tensor, message: str) -> None:
+    """A value check inside traced code: ok (a bool tensor with one element) must be True,
+    else the compiled code raises a RuntimeError with `message` when it runs. No value is
+    read back to the host while tracing, so torch.compile keeps one graph; use it only under
+    `torch.compiler.is_compiling()` (eager code raises ValueErrors on the host)."""
+    torch._assert_async(ok, message)

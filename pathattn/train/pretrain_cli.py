@@ -1,7 +1,7 @@
 """`pathattn pretrain`: language-model pretraining from the command line
 (`pathattn.train.pretrain`).
 
-    pathattn pretrain --data DIR --preset cpu-tiny [--attn path|path_fox|rope|fox]
+    pathattn pretrain --data DIR --preset cpu-tiny [--attn path|path_fox|rope|fox|sba]
                       [--steps N | --tokens N] --out RUN
 
 The model is the preset's `ModelConfig` with the data's vocabulary, the chosen attention

@@ -350,11 +350,11 @@ def test_preset_values_and_errors():
 
 @pytest.mark.parametrize("attn_type", ATTN_TYPES, ids=str)
 def test_layer_type_follows_config(attn_type):
-    from pathattn.nn import FoXAttention, PaTHAttention, RoPEAttention
+    from pathattn.nn import FoXAttention, PaTHAttention, RoPEAttention, SBAttention
     model = make_model(attn_type, qk_norm=True, num_key_value_heads=1)
     attn = model.layers[0].attn
     expected = {"path": PaTHAttention, "path_fox": PaTHAttention, "rope": RoPEAttention,
-                "fox": FoXAttention}[attn_type]
+                "fox": FoXAttention, "sba": SBAttention}[attn_type]
     assert type(attn) is expected
     assert attn.num_kv_heads == 1 and attn.q_norm is not None
     if expected is PaTHAttention:

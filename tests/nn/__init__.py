@@ -1,14 +1,14 @@
 """Tests of pathattn.nn. Shared helpers of the layer tests live here.
 
 `LAYERS` maps a readable id to a small layer factory (hidden 32, <= 4 heads): PaTH variants
-and both baselines, all with the forward / prefill / decode interface.
+and the baselines, all with the forward / prefill / decode interface.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pathattn.nn import FoXAttention, PaTHAttention, RoPEAttention
+from pathattn.nn import FoXAttention, PaTHAttention, RoPEAttention, SBAttention
 
 HIDDEN = 32
 
@@ -17,6 +17,8 @@ LAYERS = {
     "path_fox": lambda: PaTHAttention(HIDDEN, 4, use_forget_gate=True),
     "path_qknorm": lambda: PaTHAttention(HIDDEN, 4, qk_norm=True),
     "path_gqa": lambda: PaTHAttention(HIDDEN, 4, num_kv_heads=2),
+    "path_fox_gqa_reflections2": lambda: PaTHAttention(HIDDEN, 4, num_kv_heads=2,
+                                                       use_forget_gate=True, num_reflections=2),
     "path_fox_mqa_qknorm_fullrank": lambda: PaTHAttention(
         HIDDEN, 4, num_kv_heads=1, w_rank=None, use_forget_gate=True, qk_norm=True,
         beta_max=1.9, bias=True),
@@ -24,6 +26,9 @@ LAYERS = {
     "rope_gqa_qknorm": lambda: RoPEAttention(HIDDEN, 4, num_kv_heads=2, qk_norm=True),
     "fox": lambda: FoXAttention(HIDDEN, 4),
     "fox_gqa_qknorm": lambda: FoXAttention(HIDDEN, 4, num_kv_heads=2, qk_norm=True),
+    "sba": lambda: SBAttention(HIDDEN, 4),
+    "sba_gqa_qknorm_current": lambda: SBAttention(HIDDEN, 4, num_kv_heads=2, qk_norm=True,
+                                                  attend_current=True),
 }
 
 

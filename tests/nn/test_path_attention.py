@@ -194,6 +194,27 @@ def test_short_conv_packed_matches_conv1d_per_sequence():
     assert_rel(conv(torch.cat(xs, 1), cu), torch.cat([conv(x) for x in xs], 1), 1e-6)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)],
+                         ids=["fp32", "bf16"])
+@pytest.mark.parametrize("bias,activation", [(False, None), (True, "silu")],
+                         ids=["plain", "bias_silu"])
+def test_short_conv_steps_match_forward(bias, activation, dtype, tol):
+    """Steps of 1 and 3 tokens after a prefill (a multiply-and-sum per window) equal the
+    training path's F.conv1d on the whole sequence."""
+    torch.manual_seed(0)
+    conv = ShortConv(6, 4, bias=bias, activation=activation).to(dtype)
+    x = torch.randn(2, 9, 6).to(dtype)
+    with torch.no_grad():
+        want = conv(x)
+        y, state = conv.prefill(x[:, :5])
+        ys, t = [y], 5
+        for m in (1, 3):
+            y, hist = conv.step(x[:, t:t + m], state)
+            ys.append(y)
+            state, t = hist[:, hist.shape[1] - 3:], t + m
+    assert_rel(torch.cat(ys, 1).float(), want.float(), tol)
+
+
 def test_forget_gates_start_near_one():
     layer = PaTHAttention(HIDDEN, 4, use_forget_gate=True)
     b = layer.g_proj.bias

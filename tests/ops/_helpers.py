@@ -30,6 +30,18 @@ def make_inputs(B: int, T: int, HQ: int, H: int, D: int, Dv: int, gates: bool = 
     return cast((q, k, v, w, beta, g), dtype)
 
 
+def make_reflection_inputs(B: int, T: int, HQ: int, H: int, D: int, Dv: int, R: int,
+                           gates: bool = True, dtype: torch.dtype = torch.float32,
+                           seed: int = 0) -> tuple:
+    """`make_inputs` with R reflections per token: w [B, T, H, R, D] (unit rows) and beta
+    [B, T, H, R] in (0, 2) drawn afresh; q, k, v, g as `make_inputs`."""
+    q, k, v, _, _, g = make_inputs(B, T, HQ, H, D, Dv, gates, torch.float32, seed)
+    gen = torch.Generator().manual_seed(seed + 2)
+    w = F.normalize(torch.randn(B, T, H, R, D, generator=gen), dim=-1)
+    beta = 2 * torch.rand(B, T, H, R, generator=gen)
+    return cast((q, k, v, w, beta, g), dtype)
+
+
 def make_dout(B: int, T: int, HQ: int, Dv: int, seed: int = 0) -> torch.Tensor:
     """Random output cotangent [B, T, HQ, Dv] (float32) for the backward passes."""
     gen = torch.Generator().manual_seed(seed + 1)

@@ -364,6 +364,16 @@ def test_step_validation(edit, match):
     assert len(state) == 5  # a rejected step leaves the cache alone
 
 
+def test_step_checks_the_backend_once_per_cache():
+    state = _state()
+    path_attn_step(**_step_args(), state=state)
+    assert state.step_backends == {("auto", torch.float32)}
+    for backend in ("no-such-backend", ["auto"]):  # names not checked before still are
+        with pytest.raises(ValueError, match="^backend must be one of"):
+            path_attn_step(**_step_args(), state=state, backend=backend)
+    assert len(state) == 7
+
+
 def test_step_validation_unexpected_gates():
     state = _state(gates=False)
     with pytest.raises(ValueError, match=r"^g: pass g=None \(the prefill had no forget"):

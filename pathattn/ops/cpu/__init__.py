@@ -10,8 +10,8 @@ from .scan import (
     scan_backward,
     scan_forward,
 )
-from .ut import fused_block_ut, ut_backward, ut_forward
+from .ut import fused_block_ut, fused_ut_applies, ut_backward, ut_forward
 
 __all__ = ["kernel_enabled", "load_kernels", "fused_forward_scan", "fused_backward_scan",
            "fused_scan_applies", "predecessors", "scan_forward", "scan_backward",
-           "fused_block_ut", "ut_forward", "ut_backward"]
+           "fused_block_ut", "fused_ut_applies", "ut_forward", "ut_backward"]

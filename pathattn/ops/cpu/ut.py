@@ -1,6 +1,6 @@
 """UT transform on the CPU: the fused kernels (ut_fwd.cpp, and ut_bwd.cpp for its gradient)
 when they are available, `ut.block_ut` (differentiated by autograd) otherwise. Same
-arguments, same results up to rounding."""
+arguments (any number R of reflections per token), same results up to rounding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from ..ut import BlockUT, block_ut, sub_block_size, sub_block_target
 from .scan import fused_scan_applies
 
-__all__ = ["ut_forward", "fused_block_ut", "ut_backward"]
+__all__ = ["ut_forward", "fused_block_ut", "fused_ut_applies", "ut_backward"]
 
 
 def _sub_block(qb, sub_block: int | None) -> int:
@@ -19,31 +19,40 @@ def _sub_block(qb, sub_block: int | None) -> int:
 
 
 def fused_block_ut(qb, kb, wb, bb, scale: float, sub_block: int | None = None) -> BlockUT:
-    """The fused kernel (no autograd). qb [NB, H, Gr, C, D]; kb, wb [NB, H, C, D];
-    bb [NB, H, C]; one dtype (float32 or float64). Returns `BlockUT` (s_diag zero above the
-    diagonal's sub-blocks)."""
+    """The fused kernel (no autograd). qb [NB, H, Gr, C, D]; kb [NB, H, C, D];
+    wb [NB, H, C * R, D] and bb [NB, H, C * R], R >= 1 reflections per token (reflection
+    l = t * R + r of token t, as `ut.block_ut`); one dtype (float32 or float64). Returns
+    `BlockUT` (s_diag zero above the diagonal's sub-blocks). `sub_block` counts tokens."""
     c = _sub_block(qb, sub_block)
     qt, kt, pt, s = torch.ops.pathattn_cpu.ut_fwd(
         qb.contiguous(), kb.contiguous(), wb.contiguous(), bb.contiguous(), float(scale), c)
     return BlockUT(qt=qt, kt=kt, pt=pt, s_diag=s)
 
 
+def fused_ut_applies(qb, kb, wb, kernels: bool = True) -> bool:
+    """True when the fused UT kernels take these block tensors: where the fused scan
+    applies (`fused_scan_applies`), for any number R of reflections per token
+    (wb [NB, H, C * R, D])."""
+    return wb.shape[-2] % kb.shape[-2] == 0 and fused_scan_applies(qb, kernels)
+
+
 def ut_forward(qb, kb, wb, bb, scale: float, kernels: bool = True) -> BlockUT:
     """`ut.block_ut` for the forward pass (no autograd), by the fused kernel where it
-    applies (`fused_scan_applies`)."""
+    applies (`fused_ut_applies`)."""
     needs_grad = torch.is_grad_enabled() and any(
         x.requires_grad for x in (qb, kb, wb, bb))
-    if not needs_grad and fused_scan_applies(qb, kernels):
+    if not needs_grad and fused_ut_applies(qb, kb, wb, kernels):
         return fused_block_ut(qb, kb, wb, bb, scale)
     return block_ut(qb, kb, wb, bb, scale)
 
 
 def ut_backward(qb, kb, wb, bb, scale: float, dqt, dkt, dpt, ds,
                 sub_block: int | None = None):
-    """Gradients (dqb, dkb, dwb, dbb) of the block tensors from those of `BlockUT`'s
-    fields (dqt, dkt, dpt, ds = d s_diag), by the fused kernel: what autograd through
-    `block_ut` gives, for the same sub-block length. ds is read on and left of the diagonal
-    sub-blocks (block_ut's s_diag is zero, with no gradient, right of them)."""
+    """Gradients (dqb, dkb, dwb, dbb) of the block tensors (shaped as qb, kb, wb, bb of
+    `fused_block_ut`) from those of `BlockUT`'s fields (dqt, dkt, dpt, ds = d s_diag), by
+    the fused kernel: what autograd through `block_ut` gives, for the same sub-block
+    length. ds is read on and left of the diagonal sub-blocks (block_ut's s_diag is zero,
+    with no gradient, right of them)."""
     c = _sub_block(qb, sub_block)
     dt = qb.dtype
     return torch.ops.pathattn_cpu.ut_bwd(

@@ -8,12 +8,13 @@
 //   query chain of sub-block i (states st_j = q~_i pt_{i-1} ... pt_{j+1}, j = i-1 .. 0):
 //       g = dQ~_i; for j = 0 .. i-1:  dpt_j += st_j^T g,  dk~_j += dS_ij^T st_j,
 //                                      g <- g pt_j^T + dS_ij k~_j;        dq~_i = g
-// Sub-block terms, reversed (see ut_common.h for the forward):
-//   dQs = dq~ + ds K + tril(dQW) W,  dQW = -dq~ AW^T - ds M^T,  dAW = -QW^T dq~ - W dpt,
-//   dM = -QW^T ds - W dk~^T,  dK = ds^T Qs + dk~ + strictLower(dWKs)^T W,  dWKs = A^T dM,
+// Sub-block terms, reversed (see ut_common.h for the forward; the W side has c R rows, one
+// per reflection, and incl, later are its token masks):
+//   dQs = dq~ + ds K + incl(dQW) W,  dQW = -dq~ AW^T - ds M^T,  dAW = -QW^T dq~ - W dpt,
+//   dM = -QW^T ds - W dk~^T,  dK = ds^T Qs + dk~ + later(dWKs)^T W,  dWKs = A^T dM,
 //   dA = dM WKs^T + dAW W^T,  dX = dA diag(beta),  dL = strictLower(-X^T dX X^T),
 //   dbeta_t = sum_r dA_rt X_rt + sum_t' dL_tt' WW_tt',  dWW = diag(beta) dL,
-//   dW = tril(dQW)^T Qs - AW dpt^T - M dk~ + strictLower(dWKs) K + A^T dAW + (dWW + dWW^T) W,
+//   dW = incl(dQW)^T Qs - AW dpt^T - M dk~ + later(dWKs) K + A^T dAW + (dWW + dWW^T) W,
 //   dq = scale dQs.
 
 #include "ut_common.h"
@@ -33,7 +34,7 @@ template <typename T>
 struct UTBwdArgs {
   const T *qb, *kb, *wb, *bb, *dqt, *dkt, *dpt, *ds;
   T *dqb, *dkb, *dwb, *dbb;
-  int64_t H, Gr, C, D, c;
+  int64_t H, Gr, C, D, c, R;
   T scale;
 };
 
@@ -43,18 +44,18 @@ struct UTBwdWork {
   std::vector<T> R;                     // [m + 1] x [D, D]: R_{i} at index i + 1
   std::vector<T> dk, dp, dq;            // [m][c, D], [m][D, D], [Gr][m][c, D]
   std::vector<T> states, g, gn, dR, dR2;
-  std::vector<T> dQs, dQW, dAW, dM, dA, dX, tmp, dL;
+  std::vector<T> dQs, dQW, dAW, dM, dA, dX, tmp, dL;  // W side: c R rows
 };
 
 template <typename T>
 void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
   const int64_t H = U.H, Gr = U.Gr, C = U.C, D = U.D, c = U.c, m = C / c;
-  const int64_t nh = n * H + h;
-  const T* Wb = U.wb + nh * C * D;
+  const int64_t nh = n * H + h, R = U.R, cr = c * R;  // cr: reflections of a sub-block
+  const T* Wb = U.wb + nh * C * R * D;  // [C * R, D]
   const T* Kb = U.kb + nh * C * D;
-  const T* Bb = U.bb + nh * C;
+  const T* Bb = U.bb + nh * C * R;  // [C * R]
   for (int64_t i = 0; i < m; ++i)
-    W.sub[i].compute(Wb + i * c * D, Kb + i * c * D, Bb + i * c,
+    W.sub[i].compute(Wb + i * cr * D, Kb + i * c * D, Bb + i * cr,
                      U.qb + (nh * Gr * C + i * c) * D, C * D, U.scale);
   auto pt = [&](int64_t i) { return W.sub[i].p.data(); };
   auto kt = [&](int64_t i) { return W.sub[i].k.data(); };
@@ -120,120 +121,123 @@ void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
   // ---- sub-block terms
   for (int64_t i = 0; i < m; ++i) {
     const SubBlockUT<T>& S = W.sub[i];
-    const T* Wi = Wb + i * c * D;
+    const T* Wi = Wb + i * cr * D;  // [cr, D]
     const T* Ki = Kb + i * c * D;
-    const T* bi = Bb + i * c;
-    T* dWi = U.dwb + (nh * C + i * c) * D;
+    const T* bi = Bb + i * cr;  // [cr]
+    T* dWi = U.dwb + (nh * C * R + i * cr) * D;
     T* dKi = U.dkb + (nh * C + i * c) * D;
-    T* dbi = U.dbb + nh * C + i * c;
+    T* dbi = U.dbb + nh * C * R + i * cr;
     T* dAW = W.dAW.data();
     T* dM = W.dM.data();
     T* dA = W.dA.data();
     T* dQs = W.dQs.data();
     T* dQW = W.dQW.data();
     // pt = I - W^T AW and k~ = K - M^T W
-    gemm_rm<T>(c, D, D, Wi, D, false, dp(i), D, false, dAW, D, false, T(-1));  // -W dpt
-    gemm_rm<T>(c, c, D, Wi, D, false, dk(i), D, true, dM, c, false, T(-1));    // -W dk~^T
-    gemm_rm<T>(c, D, D, S.AW.data(), D, false, dp(i), D, true, dWi, D, false, T(-1));
-    gemm_rm<T>(c, D, c, S.M.data(), c, false, dk(i), D, false, dWi, D, true, T(-1));
+    gemm_rm<T>(cr, D, D, Wi, D, false, dp(i), D, false, dAW, D, false, T(-1));  // -W dpt
+    gemm_rm<T>(cr, c, D, Wi, D, false, dk(i), D, true, dM, c, false, T(-1));    // -W dk~^T
+    gemm_rm<T>(cr, D, D, S.AW.data(), D, false, dp(i), D, true, dWi, D, false, T(-1));
+    gemm_rm<T>(cr, D, c, S.M.data(), c, false, dk(i), D, false, dWi, D, true, T(-1));
     std::memcpy(dKi, dk(i), sizeof(T) * c * D);
     for (int64_t g = 0; g < Gr; ++g) {
       const T* dqg = dq(g, i);
       const T* dsg = U.ds + ((nh * Gr + g) * C + i * c) * C + i * c;  // [c, c], ld C
       const T* Qs = S.Qs.data() + g * c * D;
-      const T* QW = S.QW.data() + g * c * c;
-      // dQs = dq~ + ds K; dQW = tril(-dq~ AW^T - ds M^T)
+      const T* QW = S.QW.data() + g * c * cr;  // [c, cr]
+      // dQs = dq~ + ds K; dQW = incl(-dq~ AW^T - ds M^T)
       std::memcpy(dQs, dqg, sizeof(T) * c * D);
       gemm_rm<T>(c, D, c, dsg, C, false, Ki, D, false, dQs, D, true);
-      gemm_rm<T>(c, c, D, dqg, D, false, S.AW.data(), D, true, dQW, c, false, T(-1));
-      gemm_rm<T>(c, c, c, dsg, C, false, S.M.data(), c, true, dQW, c, true, T(-1));
+      gemm_rm<T>(c, cr, D, dqg, D, false, S.AW.data(), D, true, dQW, cr, false, T(-1));
+      gemm_rm<T>(c, cr, c, dsg, C, false, S.M.data(), c, true, dQW, cr, true, T(-1));
       for (int64_t r = 0; r < c; ++r)
-        for (int64_t t = r + 1; t < c; ++t) dQW[r * c + t] = 0;
-      gemm_rm<T>(c, D, c, QW, c, true, dqg, D, false, dAW, D, true, T(-1));
-      gemm_rm<T>(c, c, c, QW, c, true, dsg, C, false, dM, c, true, T(-1));
+        for (int64_t t = (r + 1) * R; t < cr; ++t) dQW[r * cr + t] = 0;
+      gemm_rm<T>(cr, D, c, QW, cr, true, dqg, D, false, dAW, D, true, T(-1));
+      gemm_rm<T>(cr, c, c, QW, cr, true, dsg, C, false, dM, c, true, T(-1));
       gemm_rm<T>(c, D, c, dsg, C, true, Qs, D, false, dKi, D, true);
-      gemm_rm<T>(c, D, c, dQW, c, false, Wi, D, false, dQs, D, true);
-      gemm_rm<T>(c, D, c, dQW, c, true, Qs, D, false, dWi, D, true);
+      gemm_rm<T>(c, D, cr, dQW, cr, false, Wi, D, false, dQs, D, true);
+      gemm_rm<T>(cr, D, c, dQW, cr, true, Qs, D, false, dWi, D, true);
       T* dQ = U.dqb + ((nh * Gr + g) * C + i * c) * D;
       for (int64_t e = 0; e < c * D; ++e) dQ[e] = dQs[e] * U.scale;
     }
-    // M = A WKs, WKs = strictLower(W K^T)
-    gemm_rm<T>(c, c, c, dM, c, false, S.WKs.data(), c, true, dA, c, false);  // dM WKs^T
-    T* dWKs = W.tmp.data();
-    gemm_rm<T>(c, c, c, S.A.data(), c, true, dM, c, false, dWKs, c, false);  // A^T dM
-    for (int64_t r = 0; r < c; ++r)
-      for (int64_t t = r; t < c; ++t) dWKs[r * c + t] = 0;
-    gemm_rm<T>(c, D, c, dWKs, c, false, Ki, D, false, dWi, D, true);
-    gemm_rm<T>(c, D, c, dWKs, c, true, Wi, D, false, dKi, D, true);
+    // M = A WKs, WKs = later(W K^T)
+    gemm_rm<T>(cr, cr, c, dM, c, false, S.WKs.data(), c, true, dA, cr, false);  // dM WKs^T
+    T* dWKs = W.tmp.data();  // [cr, c]
+    gemm_rm<T>(cr, c, cr, S.A.data(), cr, true, dM, c, false, dWKs, c, false);  // A^T dM
+    for (int64_t l = 0; l < cr; ++l)
+      for (int64_t t = l / R; t < c; ++t) dWKs[l * c + t] = 0;
+    gemm_rm<T>(cr, D, c, dWKs, c, false, Ki, D, false, dWi, D, true);
+    gemm_rm<T>(c, D, cr, dWKs, c, true, Wi, D, false, dKi, D, true);
     // AW = A W
-    gemm_rm<T>(c, c, D, dAW, D, false, Wi, D, true, dA, c, true);
-    gemm_rm<T>(c, D, c, S.A.data(), c, true, dAW, D, false, dWi, D, true);
+    gemm_rm<T>(cr, cr, D, dAW, D, false, Wi, D, true, dA, cr, true);
+    gemm_rm<T>(cr, D, cr, S.A.data(), cr, true, dAW, D, false, dWi, D, true);
     // A = X diag(beta)
     T* dX = W.dX.data();
-    for (int64_t t = 0; t < c; ++t) dbi[t] = 0;
-    for (int64_t r = 0; r < c; ++r)
-      for (int64_t t = 0; t < c; ++t) {
-        dX[r * c + t] = dA[r * c + t] * bi[t];
-        dbi[t] += dA[r * c + t] * S.X[r * c + t];
+    for (int64_t t = 0; t < cr; ++t) dbi[t] = 0;
+    for (int64_t r = 0; r < cr; ++r)
+      for (int64_t t = 0; t < cr; ++t) {
+        dX[r * cr + t] = dA[r * cr + t] * bi[t];
+        dbi[t] += dA[r * cr + t] * S.X[r * cr + t];
       }
     // X = (I + L)^{-1}: dL = strictLower(-X^T dX X^T)
     T* tmp = W.tmp.data();
     T* dL = W.dL.data();
-    gemm_rm<T>(c, c, c, S.X.data(), c, true, dX, c, false, tmp, c, false);
-    gemm_rm<T>(c, c, c, tmp, c, false, S.X.data(), c, true, dL, c, false, T(-1));
+    gemm_rm<T>(cr, cr, cr, S.X.data(), cr, true, dX, cr, false, tmp, cr, false);
+    gemm_rm<T>(cr, cr, cr, tmp, cr, false, S.X.data(), cr, true, dL, cr, false, T(-1));
     // L = strictLower(diag(beta) WW): dbeta_r += sum_t dL_rt WW_rt, dWW = diag(beta) dL
-    for (int64_t r = 0; r < c; ++r) {
+    for (int64_t r = 0; r < cr; ++r) {
       T acc = 0;
       for (int64_t t = 0; t < r; ++t) {
-        acc += dL[r * c + t] * S.WW[r * c + t];
-        dL[r * c + t] *= bi[r];
+        acc += dL[r * cr + t] * S.WW[r * cr + t];
+        dL[r * cr + t] *= bi[r];
       }
-      for (int64_t t = r; t < c; ++t) dL[r * c + t] = 0;
+      for (int64_t t = r; t < cr; ++t) dL[r * cr + t] = 0;
       dbi[r] += acc;
     }
     // WW = W W^T: dW += (dWW + dWW^T) W
-    gemm_rm<T>(c, D, c, dL, c, false, Wi, D, false, dWi, D, true);
-    gemm_rm<T>(c, D, c, dL, c, true, Wi, D, false, dWi, D, true);
+    gemm_rm<T>(cr, D, cr, dL, cr, false, Wi, D, false, dWi, D, true);
+    gemm_rm<T>(cr, D, cr, dL, cr, true, Wi, D, false, dWi, D, true);
   }
 }
 
 template <typename T>
 void run_ut_bwd(const std::vector<at::Tensor>& t, std::vector<at::Tensor>& out, double scale,
-                int64_t c) {
+                int64_t c, int64_t R) {
   const at::Tensor& qb = t[0];
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
-  const int64_t D = qb.size(4), m = C / c;
+  const int64_t D = qb.size(4), m = C / c, cr = c * R;
   UTBwdArgs<T> U{t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(),
                  t[3].data_ptr<T>(), t[4].data_ptr<T>(), t[5].data_ptr<T>(),
                  t[6].data_ptr<T>(), t[7].data_ptr<T>(), out[0].data_ptr<T>(),
                  out[1].data_ptr<T>(), out[2].data_ptr<T>(), out[3].data_ptr<T>(),
-                 H, Gr, C, D, c, static_cast<T>(scale)};
+                 H, Gr, C, D, c, R, static_cast<T>(scale)};
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
     UTBwdWork<T> W;
     W.sub.resize(m);
-    for (auto& sb : W.sub) sb.resize(c, D, Gr);
+    for (auto& sb : W.sub) sb.resize(c, D, Gr, R);
     W.R.resize((m + 1) * D * D);
     W.dk.resize(m * c * D);
     W.dp.resize(m * D * D);
     W.dq.resize(Gr * m * c * D);
     W.states.resize(std::max<int64_t>(1, m - 1) * c * D);
-    for (auto* v : {&W.g, &W.gn, &W.dQs, &W.dAW}) v->resize(c * D);
+    for (auto* v : {&W.g, &W.gn, &W.dQs}) v->resize(c * D);
+    W.dAW.resize(cr * D);
     for (auto* v : {&W.dR, &W.dR2}) v->resize(D * D);
-    for (auto* v : {&W.dQW, &W.dM, &W.dA, &W.dX, &W.tmp, &W.dL}) v->resize(c * c);
+    for (auto* v : {&W.dQW, &W.dM}) v->resize(c * cr);
+    for (auto* v : {&W.dA, &W.dX, &W.tmp, &W.dL}) v->resize(cr * cr);
     for (int64_t k = t0; k < t1; ++k) ut_bwd_task<T>(U, k / H, k % H, W);
   });
 }
 
-// Inputs as ut_fwd plus the gradients dqt [NB, H, Gr*C, D], dkt [NB, H, C, D],
-// dpt [NB, H, D, D] and ds [NB, H, Gr*C, C] (read on and left of the diagonal sub-blocks).
-// Returns dqb, dkb, dwb, dbb.
+// Inputs as ut_fwd (wb [NB, H, C * R, D], bb [NB, H, C * R]) plus the gradients
+// dqt [NB, H, Gr*C, D], dkt [NB, H, C, D], dpt [NB, H, D, D] and ds [NB, H, Gr*C, C] (read
+// on and left of the diagonal sub-blocks).
+// Returns dqb, dkb, dwb, dbb (shaped as qb, kb, wb, bb).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
     const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb, const at::Tensor& bb,
     double scale, int64_t sub_block, const at::Tensor& dqt, const at::Tensor& dkt,
     const at::Tensor& dpt, const at::Tensor& ds) {
   const char* op = "ut_bwd";
   const auto dt = qb.scalar_type();
-  check_ut_inputs(op, qb, kb, wb, bb, sub_block);
+  const int64_t R = check_ut_inputs(op, qb, kb, wb, bb, sub_block);
   check_input(op, dqt, "dqt", 4, dt);
   check_input(op, dkt, "dkt", 4, dt);
   check_input(op, dpt, "dpt", 4, dt);
@@ -248,9 +252,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
   std::vector<at::Tensor> outs = {at::empty_like(qb), at::empty_like(kb), at::empty_like(wb),
                                   at::empty_like(bb)};
   if (dt == at::kFloat) {
-    run_ut_bwd<float>(ins, outs, scale, c);
+    run_ut_bwd<float>(ins, outs, scale, c, R);
   } else {
-    run_ut_bwd<double>(ins, outs, scale, c);
+    run_ut_bwd<double>(ins, outs, scale, c, R);
   }
   return std::make_tuple(outs[0], outs[1], outs[2], outs[3]);
 }

@@ -1,10 +1,14 @@
 // Fused CPU UT transform (forward only): ut.block_ut in C++, for the scans' inputs.
 //
-// One task per (block n, KV head h). For each sub-block i of c tokens (W, K, Q, beta):
+// One task per (block n, KV head h). For each sub-block i of c tokens (K, Q [c, D]) with R
+// reflections per token (W [c R, D], beta [c R], reflection l = t R + r of token t):
 //
 //   A   = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)      (forward substitution)
-//   q~_i = Q - tril(Q W^T) A W,   s_i = Q K^T - tril(Q W^T) A strictLower(W K^T)
-//   k~_i = K - (A strictLower(W K^T))^T W,   pt_i = I - W^T A W
+//   q~_i = Q - incl(Q W^T) A W,   s_i = Q K^T - incl(Q W^T) A later(W K^T)
+//   k~_i = K - (A later(W K^T))^T W,   pt_i = I - W^T A W
+//
+// with the token masks incl[i, l] = (l / R <= i) and later[l, j] = (l / R > j) (tril and
+// strictLower for R = 1). Only the sub-block terms depend on R; their outputs do not.
 //
 // and the m = C / c sub-blocks are combined as the scan combines blocks (ut.py's pairwise
 // merges give the same numbers up to rounding):
@@ -14,7 +18,8 @@
 //   K~ rows of i   = k~_i pt_{i+1}^T ... pt_{m-1}^T
 //   Pt             = pt_{m-1} ... pt_0
 //
-// Inputs qb [NB, H, Gr, C, D] (unscaled), kb, wb [NB, H, C, D], bb [NB, H, C]; returns
+// Inputs qb [NB, H, Gr, C, D] (unscaled), kb [NB, H, C, D], wb [NB, H, C * R, D],
+// bb [NB, H, C * R]; returns
 // (qt = scale Q~ [NB, H, Gr*C, D], kt [NB, H, C, D], pt [NB, H, D, D],
 //  s_diag = scale S [NB, H, Gr*C, C]) as `ut.BlockUT`.
 
@@ -36,7 +41,7 @@ template <typename T>
 struct UTArgs {
   const T *qb, *kb, *wb, *bb;
   T *qt, *kt, *pt, *s;
-  int64_t H, Gr, C, D, c;
+  int64_t H, Gr, C, D, c, R;
   T scale;
 };
 
@@ -49,10 +54,10 @@ struct UTWork {
 template <typename T>
 void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
   const int64_t H = U.H, Gr = U.Gr, C = U.C, D = U.D, c = U.c, m = C / c;
-  const int64_t nh = n * H + h;
-  const T* Wb = U.wb + nh * C * D;
+  const int64_t nh = n * H + h, cr = c * U.R;  // cr: reflections of a sub-block
+  const T* Wb = U.wb + nh * C * U.R * D;  // [C * R, D]
   const T* Kb = U.kb + nh * C * D;
-  const T* Bb = U.bb + nh * C;
+  const T* Bb = U.bb + nh * C * U.R;  // [C * R]
   auto qsub = [&](int64_t g, int64_t i) { return W.sub[i].q.data() + g * c * D; };
   auto ssub = [&](int64_t g, int64_t i) { return W.sub[i].s.data() + g * c * c; };
   auto ksub = [&](int64_t i) { return W.sub[i].k.data(); };
@@ -60,7 +65,7 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
 
   // ---- per sub-block UT terms
   for (int64_t i = 0; i < m; ++i)
-    W.sub[i].compute(Wb + i * c * D, Kb + i * c * D, Bb + i * c,
+    W.sub[i].compute(Wb + i * cr * D, Kb + i * c * D, Bb + i * cr,
                      U.qb + (nh * Gr * C + i * c) * D, C * D, U.scale);
 
   // ---- combine the sub-blocks
@@ -107,16 +112,16 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
 template <typename T>
 void run_ut(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb,
             const at::Tensor& bb, at::Tensor& qt, at::Tensor& kt, at::Tensor& pt,
-            at::Tensor& s, double scale, int64_t c) {
+            at::Tensor& s, double scale, int64_t c, int64_t R) {
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
   const int64_t D = qb.size(4), m = C / c;
   UTArgs<T> U{qb.data_ptr<T>(), kb.data_ptr<T>(), wb.data_ptr<T>(), bb.data_ptr<T>(),
               qt.data_ptr<T>(), kt.data_ptr<T>(), pt.data_ptr<T>(), s.data_ptr<T>(),
-              H, Gr, C, D, c, static_cast<T>(scale)};
+              H, Gr, C, D, c, R, static_cast<T>(scale)};
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
     UTWork<T> W;
     W.sub.resize(m);
-    for (auto& sb : W.sub) sb.resize(c, D, Gr);
+    for (auto& sb : W.sub) sb.resize(c, D, Gr, R);
     W.R.resize(D * D);
     W.R2.resize(D * D);
     W.state.resize(c * D);
@@ -130,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
     double scale, int64_t sub_block) {
   const char* op = "ut_fwd";
   const auto dt = qb.scalar_type();
-  check_ut_inputs(op, qb, kb, wb, bb, sub_block);
+  const int64_t R = check_ut_inputs(op, qb, kb, wb, bb, sub_block);
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
   const int64_t D = qb.size(4), c = sub_block;
   auto qt = at::empty({NB, H, Gr * C, D}, qb.options());
@@ -138,9 +143,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
   auto pt = at::empty({NB, H, D, D}, qb.options());
   auto s = at::empty({NB, H, Gr * C, C}, qb.options());
   if (dt == at::kFloat) {
-    run_ut<float>(qb, kb, wb, bb, qt, kt, pt, s, scale, c);
+    run_ut<float>(qb, kb, wb, bb, qt, kt, pt, s, scale, c, R);
   } else {
-    run_ut<double>(qb, kb, wb, bb, qt, kt, pt, s, scale, c);
+    run_ut<double>(qb, kb, wb, bb, qt, kt, pt, s, scale, c, R);
   }
   return std::make_tuple(qt, kt, pt, s);
 }

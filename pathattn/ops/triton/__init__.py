@@ -7,8 +7,9 @@ under Triton's interpreter (TRITON_INTERPRET=1, set before Triton is imported).
 Files: `ut.py` (per-block UT transform and its backward), `fwd.py` (forward scan with online
 softmax), `bwd.py` (backward scan), `op.py` (torch.library custom ops with fake and
 autograd registrations; the public `path_attn_triton`), `config.py` (block length,
-num_warps and num_stages per head dim, dtype and GPU: every configuration fits the device's
-shared memory), `fit.py` (ahead-of-time compilation for sm_80 / sm_90 that checks it).
+num_warps and num_stages per head dim, dtype, reflections per token and GPU: every
+configuration fits the device's shared memory), `fit.py` (ahead-of-time compilation for
+sm_80 / sm_90 that checks it).
 """
 
 from __future__ import annotations

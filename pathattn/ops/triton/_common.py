@@ -1,9 +1,16 @@
 """Shared pieces of the Triton kernels: block table, tile loads, matrix products.
 
 Token-major layout: every kernel sees the batch flattened to N = B * T tokens, q [N, HQ, D],
-k, w [N, H, D], v [N, H, Dv], beta [N, H] (contiguous), and a dense batch is the packed batch
-with boundaries 0, T, 2T, ... . Blocks of BT tokens start at each sequence's first token, so
-only a sequence's last block can be partial and no block straddles two sequences.
+k [N, H, D], v [N, H, Dv] (contiguous), and a dense batch is the packed batch with
+boundaries 0, T, 2T, ... . Blocks of BT tokens start at each sequence's first token, so only
+a sequence's last block can be partial and no block straddles two sequences.
+
+Reflections: with R per token, w [N * R, H, D] and beta [N * R, H] hold reflection r of
+token t in row t * R + r (R = 1: one row per token), and so do the per-reflection work
+buffers (U, M and their gradients). A block's BT * R reflections are handled as one tile of
+BTR = next power of two rows; the rows past BT * R (R not a power of two) are masked and
+load as w = 0, beta = 0, identities that change nothing. Reflection l of a block belongs to
+its token l // R (`reflection_tokens`).
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ import triton.language as tl
 
 from ..layout import sequence_bounds
 
-__all__ = ["block_table", "interpreting", "tile_kwargs", "device_fn", "tile_offsets",
-           "row_offsets", "e_offsets"]
+__all__ = ["block_table", "interpreting", "tile_kwargs", "reflection_tile", "device_fn",
+           "tile_offsets", "row_offsets", "e_offsets"]
 
 
 def interpreting() -> bool:
@@ -53,6 +60,11 @@ def block_table(B: int, T: int, cu_seqlens: torch.Tensor | None, BT: int,
 def tile_kwargs(D: int, Dv: int) -> dict:
     """Padded (power of two, at least 16) head dims of the kernels."""
     return {"BD": max(16, triton.next_power_of_2(D)), "BDV": max(16, triton.next_power_of_2(Dv))}
+
+
+def reflection_tile(BT: int, R: int) -> int:
+    """BTR: rows of the tile holding the BT * R reflections of a block (a power of two)."""
+    return triton.next_power_of_2(BT * R)
 
 
 # Offsets that grow with the number of tokens are formed in int64: B * T * H * D elements
@@ -109,3 +121,46 @@ def mm_lp(a, b, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
         return tl.dot(a.to(DT).to(tl.float32), b.to(DT).to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a.to(DT), b.to(DT))
+
+
+@device_fn
+def block_reflections(t0, s1, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    """Rows of the reflections of the block starting at token t0 ([BTR], rows of w [N * R,
+    H, D]) and their mask (the sequence ends at token s1; the block may be partial)."""
+    lr = tl.arange(0, BTR)
+    if R == 1:
+        rows = t0 + lr
+        mask = rows < s1
+    elif BT * R == BTR:
+        rows = t0 * R + lr
+        mask = rows < s1 * R
+    else:
+        rows = t0 * R + lr
+        mask = (lr < BT * R) & (rows < s1 * R)
+    return rows, mask
+
+
+@device_fn
+def full_block_reflections(tb, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    """`block_reflections` of a full block starting at token tb (every key block before
+    the query block is full): the rows and their mask (all true but the padding)."""
+    lr = tl.arange(0, BTR)
+    if R == 1:
+        rows = tb + lr
+        mask = rows >= 0
+    elif BT * R == BTR:
+        rows = tb * R + lr
+        mask = rows >= 0
+    else:
+        rows = tb * R + lr
+        mask = lr < BT * R
+    return rows, mask
+
+
+@device_fn
+def reflection_tokens(R: tl.constexpr, BTR: tl.constexpr):
+    """Token of each reflection of a block ([BTR]): l // R (BT and beyond for padding)."""
+    lr = tl.arange(0, BTR)
+    if R != 1:
+        lr = lr // R
+    return lr

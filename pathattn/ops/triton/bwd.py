@@ -20,9 +20,9 @@ recomputes x^(c) from Q~_a. With SEG ~ sqrt(number of blocks) the extra work is 
 more pass, and the extra memory is the E_c, O(T D^2 / BT).
 
 Gradients of key-side quantities (dV, dK~, the transition terms dU = -W x^T g and
-dW = -U g^T x of Pt = I - W^T U, the gate column sums) are accumulated with atomic adds
-into float32 buffers; dQ~ and the in-block dS go to per-query-head buffers that `ut.ut_bwd`
-turns into dq, dk, dw, dbeta.
+dW = -U g^T x of Pt = I - W^T U, one row per reflection, the gate column sums) are
+accumulated with atomic adds into float32 buffers; dQ~ and the in-block dS go to
+per-query-head buffers that `ut.ut_bwd` turns into dq, dk, dw, dbeta.
 """
 
 from __future__ import annotations
@@ -31,7 +31,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import device_fn, e_offsets, load_tile, mm, mm_lp, row_offsets, tile_ptrs
+from ._common import (
+    block_reflections,
+    device_fn,
+    e_offsets,
+    full_block_reflections,
+    load_tile,
+    mm,
+    mm_lp,
+    reflection_tile,
+    row_offsets,
+    tile_ptrs,
+)
 from .fwd import apply_transition, key_block_logits, query_block_start
 
 __all__ = ["segment_products", "bwd_scan"]
@@ -39,7 +50,8 @@ __all__ = ["segment_products", "bwd_scan"]
 
 @triton.jit
 def _seg_kernel(w_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
-                BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr):
+                BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr,
+                BTR: tl.constexpr):
     blk = tl.program_id(0)
     h = tl.program_id(1)
     r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
@@ -51,28 +63,28 @@ def _seg_kernel(w_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
     e = tl.minimum((c // SEG + 1) * SEG - 1, last)
     cols = tl.arange(0, BD)
     cmask = cols < D
-    cbt = tl.arange(0, BT)
     rr = r0 + tl.arange(0, BR)
     # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U
     E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
-    for i in range(0, e - c):  # blocks e, e-1, ..., c+1
-        kr = s0 + (e - i) * BT + cbt
-        kmask = kr < s1
+    for i in range(0, e - c):  # blocks e, e-1, ..., c+1 (e may be partial)
+        kr, kmask = block_reflections(s0 + (e - i) * BT, s1, BT, R, BTR)  # [BTR]
         Wb = load_tile(w_ptr, kr, kmask, H * D, h * D, cols, cmask)
         Ub = load_tile(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
         E = E - mm(mm(E, tl.trans(Wb), PREC), Ub, PREC)
     tl.store(e_ptr + e_offsets(blk, h, H, rr, cols, BD), E)
 
 
-def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str,
+def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str, R: int = 1,
                      launch: dict | None = None) -> torch.Tensor:
-    """E [NB, H, BD, BD] float32 (see the module docstring); one program per block, head
-    and group of min(BD, BT) rows of E."""
+    """E [NB, H, BD, BD] float32 (see the module docstring) from w, u [N * R, H, D] (R
+    reflections per token); one program per block, head and group of min(BD, BT) rows of
+    E."""
     H, D = w.shape[1], w.shape[2]
     BR = min(BD, BT)
     e = torch.empty(table.shape[0], H, BD, BD, dtype=torch.float32, device=w.device)
     _seg_kernel[(table.shape[0], H, BD // BR)](w, u, e, table, H, D, seg, BT=BT, BD=BD, BR=BR,
-                                               PREC=prec, **(launch or {}))
+                                               PREC=prec, R=R, BTR=reflection_tile(BT, R),
+                                               **(launch or {}))
     return e
 
 
@@ -80,7 +92,8 @@ def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str,
 def _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr, w_ptr,
                      u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dcol_ptr, HQ, H, D, DV,
                      cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
-                     DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+                     DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
+                     R: tl.constexpr, BTR: tl.constexpr):
     """One step of the left-to-right walk: query state x = x^(c) against key block c;
     returns the adjoint g^(c) from g = g^(c-1)."""
     tc = s0 + c * BT
@@ -97,12 +110,17 @@ def _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, 
     if HAS_G:
         tl.atomic_add(dcol_ptr + row_offsets(kr, HQ, hq), tl.sum(dS, axis=0))
     if c > 0:  # Pt_c acted on x^(c) (g^(c-1) is zero for c == 0)
-        Wc = load_tile(w_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
-        Uc = load_tile(u_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
-        tl.atomic_add(tile_ptrs(du_ptr, kr, H * D, h * D, cols),
-                      -mm(mm(Wc, tl.trans(x), PREC), g, PREC), mask=cmask[None, :])
-        tl.atomic_add(tile_ptrs(dwp_ptr, kr, H * D, h * D, cols),
-                      -mm(mm(Uc, tl.trans(g), PREC), x, PREC), mask=cmask[None, :])
+        wr, wmask = full_block_reflections(tc, BT, R, BTR)  # [BTR]
+        Wc = load_tile(w_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        Uc = load_tile(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        if BT * R == BTR:  # no padding rows
+            amask = cmask[None, :]
+        else:
+            amask = wmask[:, None] & cmask[None, :]
+        tl.atomic_add(tile_ptrs(du_ptr, wr, H * D, h * D, cols),
+                      -mm(mm(Wc, tl.trans(x), PREC), g, PREC), mask=amask)
+        tl.atomic_add(tile_ptrs(dwp_ptr, wr, H * D, h * D, cols),
+                      -mm(mm(Uc, tl.trans(g), PREC), x, PREC), mask=amask)
         g = g - mm(mm(g, tl.trans(Uc), PREC), Wc, PREC)
     return g + mm_lp(dS, Kt, DT, PREC, EMULATE)
 
@@ -112,7 +130,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
                 lse_ptr, delta_ptr, dqt_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                 dcol_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-                BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+                BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
+                R: tl.constexpr, BTR: tl.constexpr):
     blk = tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // G
@@ -127,7 +146,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
     vcols = tl.arange(0, BDV)
     vmask = vcols < DV
     xa, S, gq = query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
-                                  hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC)
+                                  s1, hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC,
+                                  R, BTR)
     dO = load_tile(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
     lse = tl.load(lse_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
     delta = tl.load(delta_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
@@ -138,31 +158,31 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
     # state at the last block of segment sa - 1: x^(sa*SEG - 1)
     ytop = xa
     for i in range(0, a - sa * SEG):
-        ytop = apply_transition(ytop, w_ptr, u_ptr, s0 + (a - 1 - i) * BT + cbt, h, H, D,
-                                cols, cmask, PREC)
+        ytop = apply_transition(ytop, w_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
+                                cmask, PREC, BT, R, BTR)
     for sc in range(0, sa):  # earlier segments, left to right
         y = ytop
         for i in range(0, sa - 1 - sc):  # down to the last block of segment sc
             f = (sa - 1 - i) * SEG  # first block of segment sa - 1 - i
             y = _times_e(y, e_ptr, blk0 + f, h, H, cols, BD, BK, PREC)
-            y = apply_transition(y, w_ptr, u_ptr, s0 + f * BT + cbt, h, H, D, cols, cmask,
-                                 PREC)
+            y = apply_transition(y, w_ptr, u_ptr, s0 + f * BT, h, H, D, cols, cmask, PREC,
+                                 BT, R, BTR)
         for j in range(0, SEG):
             c = sc * SEG + j
             x = _times_e(y, e_ptr, blk0 + c, h, H, cols, BD, BK, PREC)
             g = _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr,
                                  v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                                  dcol_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G, BT,
-                                 DT, PREC, EMULATE)
+                                 DT, PREC, EMULATE, R, BTR)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
         x = xa
         for i in range(0, a - 1 - c):
-            x = apply_transition(x, w_ptr, u_ptr, s0 + (a - 1 - i) * BT + cbt, h, H, D, cols,
-                                 cmask, PREC)
+            x = apply_transition(x, w_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
+                                 cmask, PREC, BT, R, BTR)
         g = _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr,
                              w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dcol_ptr,
                              HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G, BT, DT, PREC,
-                             EMULATE)
+                             EMULATE, R, BTR)
     # the query block's own keys
     P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
     V = load_tile(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
@@ -201,23 +221,25 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
     delta = rowsum(dO * O) [N, HQ] (float32).
 
     Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
-    per query head), dv, dkt, du, dwp (float32, [N, H, Dv] / [N, H, D]) and the gate column
-    sums dcol [N, HQ] (None without gates). BK: rows of a segment product E read at a time
-    (a divisor of BD); launch / seg_launch: num_warps / num_stages of the scan and of
-    `segment_products`.
+    per query head), dv, dkt, du, dwp (float32, [N, H, Dv], [N, H, D], and [N * R, H, D]
+    for du, dwp) and the gate column sums dcol [N, HQ] (None without gates). BK: rows of a
+    segment product E read at a time (a divisor of BD); launch / seg_launch: num_warps /
+    num_stages of the scan and of `segment_products`.
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
+    R = w.shape[0] // max(N, 1)
     f32 = {"dtype": torch.float32, "device": q.device}
-    e = segment_products(w, u, table, seg, BT, BD, prec, seg_launch)
+    e = segment_products(w, u, table, seg, BT, BD, prec, R, seg_launch)
     dqt = torch.empty(N, HQ, D, **f32)
     dsd = torch.empty(N, HQ, BT, **f32)
     dv = torch.zeros(N, H, Dv, **f32)
-    dkt, du, dwp = (torch.zeros(N, H, D, **f32) for _ in range(3))
+    dkt = torch.zeros(N, H, D, **f32)
+    du, dwp = (torch.zeros(N * R, H, D, **f32) for _ in range(2))
     dcol = torch.zeros(N, HQ, **f32) if G is not None else None
     _bwd_kernel[(table.shape[0], HQ)](
         q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, dsd, dv,
         dkt, du, dwp, dcol if dcol is not None else lse, table, scale, seg, HQ, H, D, Dv,
         G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
-        EMULATE=emulate, **(launch or {}))
+        EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
     return dqt, dsd, dv, dkt, du, dwp, dcol

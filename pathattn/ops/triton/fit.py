@@ -43,8 +43,15 @@ from triton.backends.nvidia.compiler import (
 from triton.compiler import ASTSource
 
 from . import bwd, fwd, ut
-from ._common import interpreting, tile_kwargs
-from .config import A100_SHARED, H100_SHARED, KERNELS, LaunchConfig, launch_config
+from ._common import interpreting, reflection_tile, tile_kwargs
+from .config import (
+    A100_SHARED,
+    H100_SHARED,
+    KERNELS,
+    LaunchConfig,
+    block_lengths,
+    launch_config,
+)
 
 __all__ = ["DEVICES", "KernelFit", "check", "compile_kernel", "measure_shared_table"]
 
@@ -63,7 +70,8 @@ _INPUT_PTRS = {"q_ptr", "k_ptr", "v_ptr", "w_ptr", "beta_ptr", "do_ptr", "o_ptr"
 @dataclass(frozen=True)
 class KernelFit:
     """One compiled specialization: shared memory per program (bytes) and, after ptxas,
-    registers per thread and spill stores+loads (None when not compiled that far)."""
+    registers per thread and spill stores+loads (None when not compiled that far). R: the
+    reflections per token it was compiled for."""
 
     kernel: str
     D: int
@@ -78,6 +86,7 @@ class KernelFit:
     limit: int
     regs: int | None = None
     spills: int | None = None
+    R: int = 1
 
     @property
     def fits(self) -> bool:
@@ -110,7 +119,8 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
     """The compile-time arguments the launcher passes (see `op.py` and the kernels' files)."""
     tiles = tile_kwargs(D, D)
     prec = "ieee" if dtype == torch.float32 else "tf32"
-    c = {"BT": cfg.BT, "BD": tiles["BD"], "PREC": prec}
+    c = {"BT": cfg.BT, "BD": tiles["BD"], "PREC": prec, "R": cfg.R,
+         "BTR": reflection_tile(cfg.BT, cfg.R)}
     if kernel in ("fwd", "bwd"):
         c.update(G=G, HAS_G=gates, BDV=tiles["BDV"], DT=_TL[dtype], EMULATE=False)
     if kernel == "bwd":
@@ -153,9 +163,10 @@ def _ptxas_usage(ptx: str, arch: str, ptxas: str) -> tuple[int, int]:
 def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: LaunchConfig,
                    capability: int, stage: str = "shared", G: int = 1,
                    num_stages: int | None = None) -> KernelFit:
-    """Compile one kernel (head dims D = Dv, GQA group G) with the block size, num_warps and
-    num_stages of `cfg` (num_stages overrides the latter) for sm_<capability>, to `stage`
-    "shared" (shared memory only) or "cubin" (also registers and spills from ptxas)."""
+    """Compile one kernel (head dims D = Dv, GQA group G) with the block size, reflections
+    per token, num_warps and num_stages of `cfg` (num_stages overrides the latter) for
+    sm_<capability>, to `stage` "shared" (shared memory only) or "cubin" (also registers
+    and spills from ptxas)."""
     if interpreting():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
     fn = _KERNEL_FN[kernel]
@@ -177,7 +188,7 @@ def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: La
     mod = stage_fns["ttgir"](stage_fns["ttir"](mod, metadata), metadata)
     common = {"kernel": kernel, "D": D, "dtype": dtype, "gates": gates, "BT": cfg.BT, "G": G,
               "num_warps": warps, "num_stages": stages, "capability": capability,
-              "limit": cfg.shared_limit}
+              "limit": cfg.shared_limit, "R": cfg.R}
     if stage == "shared":
         return KernelFit(shared=_shared_after_allocation(mod, capability, options), **common)
     if stage != "cubin":
@@ -205,25 +216,28 @@ def _kernel_groups() -> list[tuple[str, int]]:
 
 def check(D: int, dtype: torch.dtype, gates: bool, device: str, stage: str = "shared",
           block_size: int | None = None, kernel: str | None = None,
-          G: int | None = None) -> list[KernelFit]:
+          G: int | None = None, reflections: int = 1) -> list[KernelFit]:
     """Every kernel of a forward + backward (or only `kernel`, GQA group G) as the launcher
     configures it on `device` (a key of DEVICES) for head dim D = Dv, inputs of `dtype`,
-    with or without gates."""
+    with or without gates, `reflections` per token."""
     capability, limit = DEVICES[device]
-    cfg = launch_config(D, D, dtype, limit, block_size, (capability // 10, capability % 10))
+    cfg = launch_config(D, D, dtype, limit, block_size, (capability // 10, capability % 10),
+                        reflections)
     return [compile_kernel(k, D, dtype, gates, cfg, capability, stage, G=g)
             for k, g in _kernel_groups() if kernel in (None, k) and G in (None, g)]
 
 
-def measure_shared_table(capability: int) -> dict:
-    """`config.SHARED_BYTES[arch]` measured afresh: padded head dim -> block length ->
+def measure_shared_table(capability: int, reflections: int = 1, progress=None) -> dict:
+    """`config.SHARED_BYTES[arch]` (reflections=1) or `config.SHARED_BYTES_REFLECTIONS[R]
+    [arch]` (R > 1, a power of two) measured afresh: padded head dim -> block length ->
     (float32 peak, float32 forward with 2 stages, bfloat16 peak, bfloat16 forward with 2
-    stages), peaks over all kernels (GQA groups 1 and 2) with 1 stage."""
+    stages), peaks over all kernels (GQA groups 1 and 2) with 1 stage, for the block lengths
+    the default may pick (`config.block_lengths`). progress(BD, BT, row) after each row."""
     table: dict = {}
     for BD in (16, 32, 64, 128, 256):
         table[BD] = {}
-        for BT in (64, 32, 16):
-            cfg = LaunchConfig(BT, 0)
+        for BT in block_lengths(reflections):
+            cfg = LaunchConfig(BT, 0, R=reflections)
             row = []
             for dtype in (torch.float32, torch.bfloat16):
                 peak = max(compile_kernel(k, BD, dtype, True, cfg, capability, G=G).shared
@@ -232,22 +246,30 @@ def measure_shared_table(capability: int) -> dict:
                                       num_stages=2).shared
                 row += [peak, fwd2]
             table[BD][BT] = tuple(row)
+            if progress is not None:
+                progress(BD, BT, table[BD][BT])
     return table
 
 
-QUICK = {"D": (64, 128, 256), "dtypes": (torch.float32, torch.bfloat16), "gates": (True,)}
+# reflections per token: 3 runs the tile shapes of 4 (compiled anyway: R is a constexpr)
+QUICK = {"D": (64, 128, 256), "dtypes": (torch.float32, torch.bfloat16), "gates": (True,),
+         "reflections": (1, 2, 4)}
 # powers of two first: 48 runs the kernels of 64; 80 and 96 those of 128; 160, 192 of 256
 FULL = {"D": (16, 32, 64, 128, 256, 48, 80, 96, 160, 192),
-        "dtypes": (torch.float32, torch.bfloat16, torch.float16), "gates": (True, False)}
+        "dtypes": (torch.float32, torch.bfloat16, torch.float16), "gates": (True, False),
+        "reflections": (1, 2, 3, 4, 8)}
 
 
-def fitting_block_sizes(D: int, dtype: torch.dtype, device: str) -> list[int]:
-    """Block sizes `launch_config` accepts for D on `device` (the default first)."""
+def fitting_block_sizes(D: int, dtype: torch.dtype, device: str,
+                        reflections: int = 1) -> list[int]:
+    """Block sizes `launch_config` accepts for D and R = `reflections` on `device` (the
+    default first)."""
     capability, limit = DEVICES[device]
     out = []
     for bt in (None, 64, 32, 16):
         try:
-            cfg = launch_config(D, D, dtype, limit, bt, (capability // 10, capability % 10))
+            cfg = launch_config(D, D, dtype, limit, bt, (capability // 10, capability % 10),
+                                reflections)
         except ValueError:
             continue
         if cfg.BT not in out:
@@ -257,34 +279,39 @@ def fitting_block_sizes(D: int, dtype: torch.dtype, device: str) -> list[int]:
 
 def run_checks(grid: dict, devices=tuple(DEVICES), stage: str = "shared",
                all_block_sizes: bool = False, progress=None,
-               errors: list | None = None) -> list[KernelFit]:
-    """`check` over a grid of head dims, dtypes and gate settings (QUICK or FULL) on each
-    device: the default block size, or every block size the launcher accepts. A kernel
-    specialization shared by several head dims (same padded dim) is compiled once and
-    reported under the first of them (QUICK and FULL list powers of two first). A
-    compilation error is raised, or appended to `errors` as (description, exception) and the
-    checks go on."""
+               errors: list | None = None, refused: list | None = None) -> list[KernelFit]:
+    """`check` over a grid of head dims, dtypes, gate settings and reflections per token
+    (QUICK or FULL) on each device: the default block size, or every block size the
+    launcher accepts. A kernel specialization shared by several head dims (same padded dim)
+    is compiled once and reported under the first of them (QUICK and FULL list powers of
+    two first). A compilation error is raised, or appended to `errors` as (description,
+    exception) and the checks go on. Configurations the launcher refuses on a device (no
+    block length fits) are appended to `refused` as (device, D, dtype, R)."""
     fits, seen = [], set()
     for device in devices:
-        for D in grid["D"]:
-            for dtype in grid["dtypes"]:
-                sizes = fitting_block_sizes(D, dtype, device)
-                for bt in sizes if all_block_sizes else sizes[:1]:
-                    for gates in grid["gates"]:
-                        key = (device, tile_kwargs(D, D)["BD"], dtype, gates, bt)
-                        if key in seen:
-                            continue
-                        seen.add(key)
-                        for kernel, G in _kernel_groups():
-                            try:
-                                fit = check(D, dtype, gates, device, stage, bt, kernel, G)[0]
-                            except Exception as e:
-                                if errors is None:
-                                    raise
-                                errors.append((f"{kernel} (G={G}) {device} D={D} {dtype} "
-                                               f"gates={gates} BT={bt}", e))
+        for R in grid.get("reflections", (1,)):
+            for D in grid["D"]:
+                for dtype in grid["dtypes"]:
+                    sizes = fitting_block_sizes(D, dtype, device, R)
+                    if not sizes and refused is not None:
+                        refused.append((device, D, dtype, R))
+                    for bt in sizes if all_block_sizes else sizes[:1]:
+                        for gates in grid["gates"]:
+                            key = (device, R, tile_kwargs(D, D)["BD"], dtype, gates, bt)
+                            if key in seen:
                                 continue
-                            fits.append(fit)
-                            if progress is not None:
-                                progress(fit)
+                            seen.add(key)
+                            for kernel, G in _kernel_groups():
+                                try:
+                                    fit = check(D, dtype, gates, device, stage, bt, kernel, G,
+                                                R)[0]
+                                except Exception as e:
+                                    if errors is None:
+                                        raise
+                                    errors.append((f"{kernel} (G={G}) {device} D={D} {dtype} "
+                                                   f"gates={gates} BT={bt} R={R}", e))
+                                    continue
+                                fits.append(fit)
+                                if progress is not None:
+                                    progress(fit)
     return fits

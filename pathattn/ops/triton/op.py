@@ -5,10 +5,11 @@
     pathattn::path_attn_bwd(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size,
                             seg) -> (dq, dk, dv, dw, dbeta, dg)
 
-Both have fake (meta) implementations, and the forward op has a registered autograd
-formula, so torch.compile traces through `path_attn_triton` without a graph break. The
-forward saves only the inputs, o and lse; the backward recomputes the UT quantities
-(FlashAttention-style recomputation, O(T) memory).
+w is [B, T, H, D] and beta [B, T, H], or with R reflections per token w [B, T, H, R, D] and
+beta [B, T, H, R] (dw and dbeta in the same shapes). Both have fake (meta) implementations,
+and the forward op has a registered autograd formula, so torch.compile traces through
+`path_attn_triton` without a graph break. The forward saves only the inputs, o and lse; the
+backward recomputes the UT quantities (FlashAttention-style recomputation, O(T) memory).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import triton.language as tl
 
 from ..gates import sequence_cumsum
 from ..layout import token_bounds
-from ..stages import default_scale
+from ..stages import default_scale, single_reflection
 from ..validation import check_path_attn_inputs
 from ._common import block_table, interpreting, tile_kwargs
 from .bwd import bwd_scan
@@ -35,10 +36,12 @@ _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float
 
 
 def default_block_size(D: int, Dv: int | None = None, dtype: torch.dtype = torch.float32,
-                       device: torch.device | str = "cpu") -> int:
-    """Block length BT the kernels use for head dims D, Dv and inputs of `dtype` on `device`:
-    the largest whose kernels fit the device's shared memory (`config.launch_config`)."""
-    return device_launch_config(D, D if Dv is None else Dv, dtype, torch.device(device)).BT
+                       device: torch.device | str = "cpu", reflections: int = 1) -> int:
+    """Block length BT the kernels use for head dims D, Dv, inputs of `dtype` on `device` and
+    `reflections` (R) reflections per token: the largest whose kernels fit the device's
+    shared memory (`config.launch_config`)."""
+    return device_launch_config(D, D if Dv is None else Dv, dtype, torch.device(device),
+                                reflections=reflections).BT
 
 
 def _check_block_size(block_size) -> None:
@@ -51,6 +54,27 @@ def _check_block_size(block_size) -> None:
 def _flat(x: torch.Tensor) -> torch.Tensor:
     """[B, T, *F] -> contiguous [B * T, *F]."""
     return x.reshape((-1,) + tuple(x.shape[2:])).contiguous()
+
+
+def _flat_reflections(w: torch.Tensor, beta: torch.Tensor):
+    """w [B, T, H, D] or [B, T, H, R, D], beta [B, T, H] or [B, T, H, R] -> contiguous
+    w [B * T * R, H, D] and beta [B * T * R, H], reflection r of token t in row t * R + r
+    (the kernels' layout: a block's reflections are consecutive rows of each head)."""
+    if w.ndim == 4:
+        return _flat(w), _flat(beta)
+    B, T, H, R, D = w.shape
+    return (w.transpose(2, 3).reshape(B * T * R, H, D),  # [B, T, R, H, D] rows
+            beta.transpose(2, 3).reshape(B * T * R, H))
+
+
+def _unflat_reflections(dw: torch.Tensor, dbeta: torch.Tensor, w: torch.Tensor,
+                        beta: torch.Tensor):
+    """Gradients [B * T * R, H, D] / [B * T * R, H] back to the shapes of w and beta."""
+    if w.ndim == 4:
+        return dw.view(w.shape), dbeta.view(beta.shape)
+    B, T, H, R, D = w.shape
+    return (dw.view(B, T, R, H, D).transpose(2, 3).contiguous(),  # [B, T, H, R, D]
+            dbeta.view(B, T, R, H).transpose(2, 3).contiguous())
 
 
 def _cumulative_gates(g, B, T, cu_seqlens):
@@ -69,15 +93,22 @@ def _gate_grad(dcol, B, T, cu_seqlens):
                            row_length=T if cu_seqlens is None else None)
 
 
-def _setup(q, v, block_size: int, seg: int, B, T, cu_seqlens):
+def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens):
     """Block table, segment length (about sqrt of the blocks per sequence unless given),
     float32 product precision, low-precision operand dtype, interpreter flag, and the launch
-    configuration (num_warps / num_stages per kernel) of this block size on q's device."""
+    configuration (num_warps / num_stages per kernel) of this block size on q's device for
+    the reflections per token of w."""
     table, n_max = block_table(B, T, cu_seqlens, block_size, q.device)
     seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size)
+    cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size,
+                               _reflections(w))
     return table, seg, prec, _TL_DTYPE[q.dtype], interpreting(), cfg
+
+
+def _reflections(w: torch.Tensor) -> int:
+    """R: w [B, T, H, D] (1) or [B, T, H, R, D]."""
+    return 1 if w.ndim == 4 else w.shape[3]
 
 
 @torch.library.custom_op("pathattn::path_attn_fwd", mutates_args=())
@@ -87,9 +118,10 @@ def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
                   block_size: int, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, HQ, D = q.shape
     Dv = v.shape[-1]
-    table, seg, prec, dt, emulate, cfg = _setup(q, v, block_size, seg, B, T, cu_seqlens)
+    table, seg, prec, dt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T, cu_seqlens)
     tiles = tile_kwargs(D, Dv)
-    qf, kf, vf, wf, bf = (_flat(x) for x in (q, k, v, w, beta))
+    qf, kf, vf = (_flat(x) for x in (q, k, v))
+    wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
     u, kt, m = ut_fwd(kf, wf, bf, table, block_size, tiles["BD"], prec,
                       cfg.launch_kwargs("ut_fwd"))
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
@@ -115,10 +147,11 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """Gradients of (q, k, v, w, beta, g); dg is an empty tensor when g is None."""
     B, T, HQ, D = q.shape
     H, Dv = k.shape[2], v.shape[-1]
-    table, seg, prec, dt, emulate, cfg = _setup(q, v, block_size, seg, B, T, cu_seqlens)
+    table, seg, prec, dt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T, cu_seqlens)
     tiles = tile_kwargs(D, Dv)
     BD, BDV = tiles["BD"], tiles["BDV"]
-    qf, kf, vf, wf, bf = (_flat(x) for x in (q, k, v, w, beta))
+    qf, kf, vf = (_flat(x) for x in (q, k, v))
+    wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
     dof = _flat(do)
     u, kt, m = ut_fwd(kf, wf, bf, table, block_size, BD, prec, cfg.launch_kwargs("ut_fwd"))
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
@@ -133,8 +166,9 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                                block_size, BD, prec, cfg.launch_kwargs("ut_bwd"))
     dg = (q.new_empty(0) if g is None
           else _gate_grad(dcol, B, T, cu_seqlens).to(g.dtype).view(g.shape))
-    return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv),
-            dw.view(w.shape), dbeta.view(beta.shape), dg)
+    dw, dbeta = _unflat_reflections(dw, dbeta, w, beta)
+    return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv), dw, dbeta,
+            dg)
 
 
 @path_attn_bwd.register_fake
@@ -167,13 +201,16 @@ def path_attn_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
     """`pathattn.path_attn` on the Triton kernels (same arguments and result).
 
     block_size: None (the largest block length whose kernels fit the device's shared memory,
-    see `pathattn.ops.triton.config`) or a power of two in [16, 128]; on a GPU a block size
-    whose kernels do not fit raises a ValueError naming the largest that does.
+    see `pathattn.ops.triton.config`; with R > 1 reflections per token a shorter one, so
+    that a block's tile of reflections stays at most 64 rows) or a power of two in
+    [16, 128]; on a GPU a block size whose kernels do not fit raises a ValueError naming
+    the largest that does.
     seg: blocks per segment of the backward's state recomputation (0: about sqrt of the
     number of blocks); a tuning and testing knob, the result does not depend on it.
     Inputs must be float32, bfloat16 or float16 (float64 stays on the PyTorch path).
     """
     check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    w, beta = single_reflection(w, beta)  # R = 1 runs as w [B, T, H, D]
     if q.dtype == torch.float64:
         raise ValueError("backend='triton' computes in float32: float64 inputs need "
                          "backend='torch'")
@@ -194,6 +231,6 @@ def run_kernels(q, k, v, w, beta, g, scale: float, cu_seqlens, block_size, seg: 
     if block_size is not None:
         _check_block_size(block_size)
     block_size = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device,
-                                      block_size).BT
+                                      block_size, _reflections(w)).BT
     o, _ = path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
     return o

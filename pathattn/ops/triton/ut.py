@@ -1,16 +1,21 @@
 """Per-block UT transform (paper section 3.3) and its backward, as Triton kernels.
 
-For a block of BT tokens with W [BT, D] (rows w_t), K [BT, D] and beta [BT]:
+For a block of BT tokens with K [BT, D] and its reflections W [BT * R, D] (rows w_l, R per
+token: reflection l = t * R + r of token t = l // R) with strengths beta [BT * R]:
 
     X = (I + strictLower(diag(beta) W W^T))^{-1},   A = X diag(beta)       (the paper's T^{-1})
     U = A W                 block transition Pt = P^T = I - W^T U
-    M = A strictLower(W K^T)
+    M = A later(W K^T)      later(.)_lj = (.)_lj where l // R > j (strictly lower for R = 1)
     K~ = K - M^T W          keys moved to the block's end: k~_j = H_last ... H_{j+1} k_j
 
-and for (scaled) queries Q of the block, with QW = tril(Q W^T),
+and for (scaled) queries Q of the block, with QW = incl(Q W^T), incl(.)_il = (.)_il where
+l // R <= i (lower triangular for R = 1),
 
     Q~ = Q - QW U           q~_i = H_first ... H_i q_i
     S  = Q K^T - QW M       in-block logits (for j <= i)
+
+The triangular matrices run over the block's BT * R reflections, the masks read each
+reflection's token; Q~, K~ and S have one row per token whatever R.
 
 `ut_fwd` stores U, K~ and M; the forward and backward scans rebuild Q~ and S from them.
 `ut_bwd` takes the gradients of Q~, S (per query head), K~ and of the transitions (as dU
@@ -24,101 +29,124 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import device_fn, load_tile, mm, row_offsets, tile_ptrs
+from ._common import (
+    block_reflections,
+    device_fn,
+    load_tile,
+    mm,
+    reflection_tile,
+    reflection_tokens,
+    row_offsets,
+    tile_ptrs,
+)
 
 __all__ = ["ut_fwd", "ut_bwd"]
 
 
 @device_fn
-def _unit_lower_inverse(L, BT: tl.constexpr, PREC: tl.constexpr):
-    """(I + L)^{-1} for strictly lower L [BT, BT], by forward substitution over rows:
-    X_i = e_i - sum_{j < i} L_ij X_j (rows j < i are final when row i is formed; the
-    product of row i of L with X is a masked GEMM, the only nonzero row being row i)."""
-    r = tl.arange(0, BT)
+def _unit_lower_inverse(L, NR: tl.constexpr, BTR: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^{-1} for strictly lower L [BTR, BTR] whose rows from NR on are zero, by
+    forward substitution over rows: X_i = e_i - sum_{j < i} L_ij X_j (rows j < i are final
+    when row i is formed; the product of row i of L with X is a masked GEMM, the only
+    nonzero row being row i)."""
+    r = tl.arange(0, BTR)
     X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, BT):
+    for i in range(1, NR):
         X -= tl.dot(tl.where(r[:, None] == i, L, 0.0), X, input_precision=PREC)
     return X
 
 
 @device_fn
-def _block_ut(W, K, b, BT: tl.constexpr, PREC: tl.constexpr):
-    """X, A, N = strictLower(W K^T) and E = W W^T of one block (all [BT, BT])."""
-    r = tl.arange(0, BT)
+def _block_ut(W, K, b, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+              PREC: tl.constexpr):
+    """X, A, E = W W^T (all [BTR, BTR]) and N = later(W K^T) ([BTR, BT]) of one block."""
+    r = tl.arange(0, BTR)
     strict = r[:, None] > r[None, :]
+    later = reflection_tokens(R, BTR)[:, None] > tl.arange(0, BT)[None, :]
     E = mm(W, tl.trans(W), PREC)
     L = tl.where(strict, b[:, None] * E, 0.0)
-    X = _unit_lower_inverse(L, BT, PREC)
+    X = _unit_lower_inverse(L, BT * R, BTR, PREC)
     A = X * b[None, :]
-    N = tl.where(strict, mm(W, tl.trans(K), PREC), 0.0)
+    N = tl.where(later, mm(W, tl.trans(K), PREC), 0.0)
     return X, A, N, E
 
 
 @device_fn
-def _block_rows(table_ptr, BT: tl.constexpr):
-    """Token rows of this program's block, their mask, and the block's first token."""
+def _block_rows(table_ptr, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    """Token rows of this program's block and their mask, and the rows of its reflections
+    and their mask (`_common.block_reflections`)."""
     blk = tl.program_id(0)
     t0 = tl.load(table_ptr + blk * 3)
     s1 = tl.load(table_ptr + blk * 3 + 2)
     rows = t0 + tl.arange(0, BT)
-    return rows, rows < s1, t0
+    wrows, wmask = block_reflections(t0, s1, BT, R, BTR)
+    return rows, rows < s1, wrows, wmask
 
 
 @triton.jit
 def _ut_fwd_kernel(k_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, table_ptr, H, D,
-                   BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+                   BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+                   R: tl.constexpr, BTR: tl.constexpr):
     h = tl.program_id(1)
-    rows, rmask, _ = _block_rows(table_ptr, BT)
+    rows, rmask, wrows, wmask = _block_rows(table_ptr, BT, R, BTR)
     cols = tl.arange(0, BD)
     cmask = cols < D
     cbt = tl.arange(0, BT)
-    W = load_tile(w_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
-    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    b = tl.load(beta_ptr + row_offsets(rows, H, h), mask=rmask, other=0.0).to(tl.float32)
-    X, A, N, E = _block_ut(W, K, b, BT, PREC)
-    U = mm(A, W, PREC)
-    M = mm(A, N, PREC)
+    W = load_tile(w_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    b = tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask, other=0.0).to(tl.float32)
+    X, A, N, E = _block_ut(W, K, b, BT, R, BTR, PREC)
+    U = mm(A, W, PREC)  # [BTR, BD]
+    M = mm(A, N, PREC)  # [BTR, BT]
     Kt = K - mm(tl.trans(M), W, PREC)
-    smask = rmask[:, None] & cmask[None, :]
-    tl.store(tile_ptrs(u_ptr, rows, H * D, h * D, cols), U, mask=smask)
-    tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt, mask=smask)
-    tl.store(tile_ptrs(m_ptr, rows, H * BT, h * BT, cbt), M, mask=rmask[:, None])
+    wsmask = wmask[:, None] & cmask[None, :]
+    tl.store(tile_ptrs(u_ptr, wrows, H * D, h * D, cols), U, mask=wsmask)
+    tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt,
+             mask=rmask[:, None] & cmask[None, :])
+    tl.store(tile_ptrs(m_ptr, wrows, H * BT, h * BT, cbt), M, mask=wmask[:, None])
 
 
 def ut_fwd(k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, table: torch.Tensor, BT: int,
            BD: int, prec: str, launch: dict | None = None):
-    """k, w [N, H, D], beta [N, H] -> U, K~ [N, H, D] and M [N, H, BT] (float32).
+    """k [N, H, D], w [N * R, H, D], beta [N * R, H] (R reflections per token, see
+    `_common`) -> U [N * R, H, D], K~ [N, H, D] and M [N * R, H, BT] (float32).
     launch: num_warps / num_stages (`config.LaunchConfig.launch_kwargs`)."""
     N, H, D = k.shape
-    u = torch.empty(N, H, D, dtype=torch.float32, device=k.device)
-    kt = torch.empty_like(u)
-    m = torch.empty(N, H, BT, dtype=torch.float32, device=k.device)
+    R = w.shape[0] // max(N, 1)
+    u = torch.empty(N * R, H, D, dtype=torch.float32, device=k.device)
+    kt = torch.empty(N, H, D, dtype=torch.float32, device=k.device)
+    m = torch.empty(N * R, H, BT, dtype=torch.float32, device=k.device)
     _ut_fwd_kernel[(table.shape[0], H)](k, w, beta, u, kt, m, table, H, D, BT=BT, BD=BD,
-                                        PREC=prec, **(launch or {}))
+                                        PREC=prec, R=R, BTR=reflection_tile(BT, R),
+                                        **(launch or {}))
     return u, kt, m
 
 
 @triton.jit
 def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_ptr, dwp_ptr,
                    dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, table_ptr, scale, HQ, H, D,
-                   G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
+                   G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+                   R: tl.constexpr, BTR: tl.constexpr):
     h = tl.program_id(1)
-    rows, rmask, _ = _block_rows(table_ptr, BT)
+    rows, rmask, wrows, wmask = _block_rows(table_ptr, BT, R, BTR)
     cols = tl.arange(0, BD)
     cmask = cols < D
     cbt = tl.arange(0, BT)
-    incl = cbt[:, None] >= cbt[None, :]
-    strict = cbt[:, None] > cbt[None, :]
-    W = load_tile(w_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
-    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    b = tl.load(beta_ptr + row_offsets(rows, H, h), mask=rmask, other=0.0).to(tl.float32)
-    X, A, N, E = _block_ut(W, K, b, BT, PREC)
-    U = mm(A, W, PREC)
-    M = mm(A, N, PREC)
+    tok = reflection_tokens(R, BTR)  # [BTR]
+    incl = cbt[:, None] >= tok[None, :]  # [BT, BTR]
+    later = tok[:, None] > cbt[None, :]  # [BTR, BT]
+    cbr = tl.arange(0, BTR)
+    strict = cbr[:, None] > cbr[None, :]  # [BTR, BTR]
+    W = load_tile(w_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    b = tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask, other=0.0).to(tl.float32)
+    X, A, N, E = _block_ut(W, K, b, BT, R, BTR, PREC)
+    U = mm(A, W, PREC)  # [BTR, BD]
+    M = mm(A, N, PREC)  # [BTR, BT]
     # gradients reaching U, M, K, W from K~ and the transitions (scan side)
     dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    dU = load_tile(du_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    dW = load_tile(dwp_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dU = load_tile(du_ptr, wrows, wmask, H * D, h * D, cols, cmask)
+    dW = load_tile(dwp_ptr, wrows, wmask, H * D, h * D, cols, cmask)
     dK = dKt
     dM = -mm(W, tl.trans(dKt), PREC)  # K~ = K - M^T W
     dW -= mm(M, dKt, PREC)
@@ -128,7 +156,7 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_
         Q = load_tile(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask) * scale
         dQt = load_tile(dqt_ptr, rows, rmask, HQ * D, hq * D, cols, cmask)
         dS = load_tile(dsd_ptr, rows, rmask, HQ * BT, hq * BT, cbt, cbt < BT)
-        QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)
+        QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)  # [BT, BTR]
         dQ = dQt + mm(dS, K, PREC)  # Q~ = Q - QW U;  S = Q K^T - QW M
         dK += mm(tl.trans(dS), Q, PREC)
         dU -= mm(tl.trans(QW), dQt, PREC)
@@ -139,10 +167,10 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_
         dW += mm(tl.trans(dQW), Q, PREC)
         tl.store(tile_ptrs(dq_ptr, rows, HQ * D, hq * D, cols), dQ * scale,
                  mask=rmask[:, None] & cmask[None, :])
-    # U = A W, M = A N with N = strictLower(W K^T)
+    # U = A W, M = A N with N = later(W K^T)
     dA = mm(dU, tl.trans(W), PREC) + mm(dM, tl.trans(N), PREC)
     dW += mm(tl.trans(A), dU, PREC)
-    dN = tl.where(strict, mm(tl.trans(A), dM, PREC), 0.0)
+    dN = tl.where(later, mm(tl.trans(A), dM, PREC), 0.0)
     dW += mm(dN, K, PREC)
     dK += mm(tl.trans(dN), W, PREC)
     # A = X diag(beta)
@@ -153,27 +181,31 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_
     db += tl.sum(dL * E, axis=1)
     dE = b[:, None] * dL
     dW += mm(dE + tl.trans(dE), W, PREC)
-    smask = rmask[:, None] & cmask[None, :]
-    tl.store(tile_ptrs(dk_ptr, rows, H * D, h * D, cols), dK, mask=smask)
-    tl.store(tile_ptrs(dw_ptr, rows, H * D, h * D, cols), dW, mask=smask)
-    tl.store(dbeta_ptr + row_offsets(rows, H, h), db, mask=rmask)
+    tl.store(tile_ptrs(dk_ptr, rows, H * D, h * D, cols), dK,
+             mask=rmask[:, None] & cmask[None, :])
+    tl.store(tile_ptrs(dw_ptr, wrows, H * D, h * D, cols), dW,
+             mask=wmask[:, None] & cmask[None, :])
+    tl.store(dbeta_ptr + row_offsets(wrows, H, h), db, mask=wmask)
 
 
 def ut_bwd(q, k, w, beta, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
            prec: str, launch: dict | None = None):
-    """Gradients of the UT inputs. q [N, HQ, D], k, w [N, H, D], beta [N, H] (inputs);
-    dqt [N, HQ, D] and dsd [N, HQ, BT] the gradients of Q~ and S per query head; dkt, du, dwp
-    [N, H, D] those of K~, U and the direct W term of the transitions (float32).
+    """Gradients of the UT inputs. q [N, HQ, D], k [N, H, D], w [N * R, H, D], beta
+    [N * R, H] (inputs, R reflections per token); dqt [N, HQ, D] and dsd [N, HQ, BT] the
+    gradients of Q~ and S per query head; dkt [N, H, D] that of K~, du and dwp [N * R, H, D]
+    those of U and the direct W term of the transitions (float32).
 
     Returns dq, dk, dw, dbeta in the dtypes of q, k, w, beta.
     """
     N, HQ, D = q.shape
     H = k.shape[1]
+    R = w.shape[0] // max(N, 1)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dw = torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     _ut_bwd_kernel[(table.shape[0], H)](
         q, k, w, beta, dqt, dsd, dkt, du, dwp, dq, dk, dw, dbeta, table, scale, HQ, H, D,
-        G=HQ // H, BT=BT, BD=BD, PREC=prec, **(launch or {}))
+        G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=reflection_tile(BT, R),
+        **(launch or {}))
     return dq, dk, dw, dbeta

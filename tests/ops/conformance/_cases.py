@@ -18,7 +18,14 @@ import torch
 
 from pathattn.ops import path_attn_naive
 
-from .._helpers import assert_close_to_reference, cast, make_dout, make_inputs, run_with_grads
+from .._helpers import (
+    assert_close_to_reference,
+    cast,
+    make_dout,
+    make_inputs,
+    make_reflection_inputs,
+    run_with_grads,
+)
 
 F32_TOL = 1e-4
 CU_70 = (0, 1, 2, 19, 19, 50, 51, 70)  # lengths 1, 1, 17, 0, 31, 1, 19
@@ -32,7 +39,8 @@ class Case:
     (q * 10: logits far above the running max, so a scan must rescale), "gate_cliff"
     (g = -50 on tokens 20..39: G falls by 1000, keys behind the cliff get weight 0) or
     "gate_ramp" (g = -1.5 on every token: probabilities fall smoothly, at T = 48 down to
-    exp(-70), through the blockwise exp cutoff exp(-64))."""
+    exp(-70), through the blockwise exp cutoff exp(-64)). reflections: R > 1 gives w
+    [B, T, H, R, D] and beta [B, T, H, R] (`make_reflection_inputs`)."""
 
     B: int = 1
     T: int = 48
@@ -44,12 +52,19 @@ class Case:
     cu: tuple[int, ...] | None = None
     scale: float | None = None
     special: str = ""
+    reflections: int = 1
 
     def inputs(self, dtype: torch.dtype = torch.float32) -> tuple:
-        q, k, v, w, beta, g = make_inputs(self.B, self.T, self.HQ, self.H, self.D, self.Dv,
-                                          self.gates)
+        if self.reflections > 1:
+            q, k, v, w, beta, g = make_reflection_inputs(
+                self.B, self.T, self.HQ, self.H, self.D, self.Dv, self.reflections, self.gates)
+        else:
+            q, k, v, w, beta, g = make_inputs(self.B, self.T, self.HQ, self.H, self.D,
+                                              self.Dv, self.gates)
         gen = torch.Generator().manual_seed(1)
         norms = torch.rand(self.B, self.T, self.H, 1, generator=gen)  # [B, T, H, 1]
+        if w.ndim == 5:  # one norm per token, for all its reflections
+            norms = norms[..., None]  # [B, T, H, 1, 1]
         if self.special == "gate_cliff":
             g[:, 20:40] = -50.0
         elif self.special == "gate_ramp":
@@ -84,6 +99,8 @@ class Case:
             s += "-cu" + "_".join(map(str, self.cu))
         if self.scale is not None:
             s += f"-scale{self.scale}"
+        if self.reflections > 1:
+            s += f"-R{self.reflections}"
         return s + (f"-{self.special}" if self.special else "")
 
 

@@ -1,0 +1,14 @@
+"""Stick-breaking attention (Tan et al. 2024), a baseline beside PaTH attention.
+
+Layers, as for PaTH: the float64 reference (`reference`), the blockwise log-space algorithm
+over block tensors (`blockwise`), its autograd.Function (`function`), the public op
+(`sb_attn`), and inference from a KV cache (`decode`, `cache`).
+"""
+
+from .cache import SBACache
+from .decode import sb_attn_last_rows, sb_attn_prefill, sb_attn_step
+from .reference import sb_attn_naive
+from .sb_attn import sb_attn
+
+__all__ = ["sb_attn", "sb_attn_naive", "sb_attn_prefill", "sb_attn_step",
+           "sb_attn_last_rows", "SBACache"]

@@ -1,0 +1,58 @@
+"""`SBACache`: the key/value cache of stick-breaking attention inference.
+
+Stick-breaking attention needs nothing but the raw keys and values of the past (no running
+state: the product over the keys between j and i is recomputed for each new query), so the
+cache is a plain KV cache in the op's layout, plus a per-row start for left padding (keys
+before it are absent). Keys and values stay in the inputs' dtype; the op computes in its own
+compute dtype. Any prefix can be kept (`truncate`), and rows can be reordered (beam search).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+__all__ = ["SBACache"]
+
+
+class SBACache:
+    """Keys k [B, n, H, D], values v [B, n, H, Dv] and start [B] (int64, first real position
+    of each row; 0 without left padding)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor | None = None):
+        self.k, self.v = k, v
+        self.start = k.new_zeros(k.shape[0], dtype=torch.long) if start is None else \
+            start.to(device=k.device, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def seq_len(self) -> int:
+        """Positions held (left padding included)."""
+        return self.k.shape[1]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k [B, m, H, D], v [B, m, H, Dv] of m new tokens (cast to the cache's dtype)."""
+        self.k = torch.cat([self.k, k.to(self.k.dtype)], dim=1)
+        self.v = torch.cat([self.v, v.to(self.v.dtype)], dim=1)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Row b becomes old row index[b] (index [B'] int32 / int64), in place."""
+        if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in (
+                torch.int32, torch.int64):
+            raise ValueError("index must be a 1-D int32 or int64 tensor of batch rows")
+        B = self.k.shape[0]
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= B):
+            raise ValueError(f"index: entries must lie in [0, {B}), got {index.tolist()}")
+        index = index.to(self.k.device, torch.long)
+        self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        self.start = self.start.index_select(0, index)
+
+    def truncate(self, new_len: int) -> None:
+        """Keep the first new_len positions (any new_len in [0, len])."""
+        if isinstance(new_len, bool) or not isinstance(new_len, numbers.Integral) or not (
+                0 <= new_len <= len(self)):
+            raise ValueError(f"new_len={new_len!r} must be an int in [0, {len(self)}]")
+        self.k, self.v = self.k[:, : int(new_len)], self.v[:, : int(new_len)]
