@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
 from ..ops.stages import expand_kv_heads
+from ..ops.validation import batch_index
 from .path_attention import (
     AttentionProjections,
     check_attention_mask,
@@ -54,13 +55,7 @@ class RoPECache:
         self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
 
     def reorder(self, index: torch.Tensor) -> None:
-        if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in (
-                torch.int32, torch.int64):
-            raise ValueError("index must be a 1-D int32 or int64 tensor of batch rows")
-        B = self.k.shape[0]
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= B):
-            raise ValueError(f"index: entries must lie in [0, {B}), got {index.tolist()}")
-        index = index.to(self.k.device, torch.long)
+        index = batch_index(index, self.k.shape[0], self.k.device)
         self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
         self.start = self.start.index_select(0, index)
 

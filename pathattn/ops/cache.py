@@ -54,6 +54,7 @@ import torch
 
 from .stages import chain_suffix_products
 from .ut import block_ut
+from .validation import batch_index
 
 __all__ = ["PaTHCache", "Transition", "key_transforms"]
 
@@ -386,13 +387,7 @@ class PaTHCache:
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows: row b becomes old row index[b] (beam search). index [B'] int;
         B' may differ from B."""
-        if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in (
-                torch.int32, torch.int64):
-            raise ValueError("index must be a 1-D int32 or int64 tensor of batch rows")
-        B = self.batch_size
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= B):
-            raise ValueError(f"index: entries must lie in [0, {B}), got {index.tolist()}")
-        index = index.to(device=self.device, dtype=torch.long)
+        index = batch_index(index, self.batch_size, self.device)
         T = self._len
 
         def take(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import numbers
 
 import torch
 
-__all__ = ["check_path_attn_inputs", "check_block_size", "check_cu_seqlens",
+__all__ = ["check_path_attn_inputs", "check_block_size", "check_cu_seqlens", "batch_index",
            "check_tensor", "check_same", "check_scale"]
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -155,3 +155,15 @@ def assert_in_graph(ok: torch.Tensor, message: str) -> None:
     read back to the host while tracing, so torch.compile keeps one graph; use it only under
     `torch.compiler.is_compiling()` (eager code raises ValueErrors on the host)."""
     torch._assert_async(ok, message)
+
+
+def batch_index(index, B: int, device) -> torch.Tensor:
+    """The `index` of a cache's `reorder` (beam search: row b becomes old row index[b]),
+    checked and as an int64 tensor on `device`: a 1-D int32 / int64 tensor with entries in
+    [0, B) (any length)."""
+    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in (
+            torch.int32, torch.int64):
+        raise ValueError("index must be a 1-D int32 or int64 tensor of batch rows")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= B):
+        raise ValueError(f"index: entries must lie in [0, {B}), got {index.tolist()}")
+    return index.to(device=device, dtype=torch.long)

@@ -13,6 +13,8 @@ import numbers
 
 import torch
 
+from ..validation import batch_index
+
 __all__ = ["SBACache"]
 
 
@@ -40,13 +42,7 @@ class SBACache:
 
     def reorder(self, index: torch.Tensor) -> None:
         """Row b becomes old row index[b] (index [B'] int32 / int64), in place."""
-        if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in (
-                torch.int32, torch.int64):
-            raise ValueError("index must be a 1-D int32 or int64 tensor of batch rows")
-        B = self.k.shape[0]
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= B):
-            raise ValueError(f"index: entries must lie in [0, {B}), got {index.tolist()}")
-        index = index.to(self.k.device, torch.long)
+        index = batch_index(index, self.k.shape[0], self.k.device)
         self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
         self.start = self.start.index_select(0, index)
 
