@@ -66,8 +66,9 @@ def main() -> None:
             for R in args.reflections:
                 x, leaves = cases[R]
                 with torch.no_grad():
-                    t_f = timed(lambda: path_attn(*x, backend=b))
-                t_fb = timed(lambda: path_attn(*leaves, backend=b).sum().backward())
+                    t_f = timed(lambda x=x, b=b: path_attn(*x, backend=b))
+                t_fb = timed(lambda leaves=leaves, b=b:
+                             path_attn(*leaves, backend=b).sum().backward())
                 if rep:
                     times[(b, R, "fwd")].append(t_f)
                     times[(b, R, "fwd_bwd")].append(t_fb)
