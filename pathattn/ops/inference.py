@@ -35,10 +35,11 @@ import torch.nn.functional as F
 
 from .backends import select_backend
 from .cache import PaTHCache, Transition, key_transforms
+from .padding import LeftPadding
 from .path_attn import path_attn, path_attn_with_keys
 from .stages import compute_dtype, default_scale, num_reflections, single_reflection
 from .ut import block_ut
-from .validation import check_path_attn_inputs
+from .validation import assert_in_graph, check_path_attn_inputs
 
 __all__ = ["path_attn_prefill", "path_attn_step", "check_attention_mask"]
 
@@ -103,7 +104,10 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
 
 
 def check_attention_mask(mask, B: int, T: int, device) -> torch.Tensor | None:
-    """attention_mask -> bool [B, T] (None when absent or without padding)."""
+    """attention_mask -> bool [B, T] (None when absent; eager code also returns None for a
+    mask without padding). Shape, dtype and device are checked on the host; the values (0 /
+    1, padding on the left) too in eager code, and inside the graph under torch.compile
+    (no value is read back to the host, so a compiled prefill keeps one graph)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (B, T):
@@ -115,18 +119,26 @@ def check_attention_mask(mask, B: int, T: int, device) -> torch.Tensor | None:
                          f"got {mask.dtype}")
     if mask.device != device:
         raise ValueError(f"attention_mask is on {mask.device} but q is on {device}")
+    binary = "attention_mask must hold only 0 (padding) and 1 (token)"
+    left = ("attention_mask: padding must be on the left (each row 0 ... 0 1 ... 1); right "
+            "padding needs no mask, just ignore those rows")
+    if torch.compiler.is_compiling():
+        assert_in_graph(((mask == 0) | (mask == 1)).all(), binary)
+        mask = mask.bool()
+        assert_in_graph((mask[:, 1:] >= mask[:, :-1]).all(), left)
+        return mask
     if bool(((mask != 0) & (mask != 1)).any()):
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+        raise ValueError(binary)
     mask = mask.bool()
     if T > 1 and bool((mask[:, 1:] < mask[:, :-1]).any()):
-        raise ValueError("attention_mask: padding must be on the left (each row 0 ... 0 "
-                         "1 ... 1); right padding needs no mask, just ignore those rows")
+        raise ValueError(left)
     return None if bool(mask.all()) else mask
 
 
 def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None, backend: str,
                     with_keys: bool = False):
-    """path_attn on the prompts; with padding, on their real tokens packed by cu_seqlens.
+    """path_attn on the prompts; with padding, each row's padding and real tokens as two
+    sequences of one packed batch (`LeftPadding`), output zero at padding.
 
     with_keys: also return the transformed keys [B, T, H, D] (zero at padding), computed in
     the same pass (`path_attn_with_keys`, no autograd)."""
@@ -134,23 +146,14 @@ def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None, backe
         if with_keys:
             return path_attn_with_keys(q, k, v, w, beta, g, scale=scale, backend=backend)
         return path_attn(q, k, v, w, beta, g, scale=scale, backend=backend)
-    B, T, HQ, _ = q.shape
-    idx = mask.reshape(-1).nonzero().squeeze(1)  # real tokens, row by row
-
-    def pack(x):  # [B, T, *F] -> [1, N, *F]
-        return None if x is None else x.reshape((B * T,) + x.shape[2:])[idx][None]
-
-    def unpack(x):  # [1, N, *F] -> [B, T, *F], zero at padding
-        out = x.new_zeros((B * T,) + x.shape[2:]).index_copy(0, idx, x[0])
-        return out.view((B, T) + x.shape[2:])
-
-    lengths = mask.sum(1)
-    cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    packed = [pack(x) for x in (q, k, v, w, beta, g)]
+    pad = LeftPadding(mask)
+    packed = [pad.pack(x) for x in (q, k, v, w, beta, g)]
     if with_keys:
-        o, keys = path_attn_with_keys(*packed, scale=scale, cu_seqlens=cu, backend=backend)
-        return unpack(o), unpack(keys)
-    return unpack(path_attn(*packed, scale=scale, cu_seqlens=cu, backend=backend))
+        o, keys = path_attn_with_keys(*packed, scale=scale, cu_seqlens=pad.cu_seqlens,
+                                      backend=backend)
+        return pad.unpack(o), pad.unpack(keys)
+    return pad.unpack(path_attn(*packed, scale=scale, cu_seqlens=pad.cu_seqlens,
+                                backend=backend))
 
 
 def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,

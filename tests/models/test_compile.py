@@ -26,6 +26,17 @@ def test_training_step_has_no_graph_break():
     assert_no_graph_breaks(lambda ids, labels: model(ids, labels)[1], ids, labels)
 
 
+@pytest.mark.parametrize("attn_type", ["path_fox", "rope"])
+@torch.no_grad()
+def test_prefill_with_attention_mask_has_no_graph_break(attn_type):
+    """Left-padded prompts: the mask's checks and the padding run inside the graph."""
+    model = _model(attn_type).eval()
+    ids, _ = _batch(2, 12, model.config.vocab_size)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :3] = 0
+    assert_no_graph_breaks(lambda ids, mask: model.prefill(ids, mask)[0], ids, mask)
+
+
 @pytest.mark.slow
 def test_training_step_compiled_matches_eager():
     """A dense and a packed batch, static shapes (with dynamic lengths inductor's

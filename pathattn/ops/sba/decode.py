@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..inference import check_attention_mask
+from ..padding import LeftPadding
 from ..stages import compute_dtype, default_scale
 from ..validation import check_block_size
 from .blockwise import later_keys_matrix, tile_weights
@@ -46,16 +47,9 @@ def sb_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     kw = dict(scale=scale, attend_current=attend_current, block_size=block_size)
     if mask is None:
         return sb_attn(q, k, v, **kw), SBACache(k.detach(), v.detach())
-    idx = mask.reshape(-1).nonzero().squeeze(1)  # real tokens, row by row
-
-    def pack(x):  # [B, T, *F] -> [1, N, *F]
-        return x.reshape((B * T,) + x.shape[2:])[idx][None]
-
-    lengths = mask.sum(1)  # [B]
-    cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    o = sb_attn(pack(q), pack(k), pack(v), cu_seqlens=cu, **kw)[0]  # [N, HQ, Dv]
-    out = o.new_zeros((B * T,) + o.shape[1:]).index_copy(0, idx, o)
-    return out.view((B, T) + o.shape[1:]), SBACache(k.detach(), v.detach(), T - lengths)
+    pad = LeftPadding(mask)
+    o = sb_attn(pad.pack(q), pad.pack(k), pad.pack(v), cu_seqlens=pad.cu_seqlens, **kw)
+    return pad.unpack(o), SBACache(k.detach(), v.detach(), pad.start)
 
 
 def sb_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SBACache, *,
