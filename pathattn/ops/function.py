@@ -213,9 +213,10 @@ def blockwise_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 @blockwise_bwd.register_fake
 def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size, kernels):
-    dg = q.new_empty(0) if g is None else torch.empty_like(g)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
-            torch.empty_like(beta), dg)
+    # contiguous, as the real gradients (empty_like would keep the inputs' strides, whose
+    # memory-format checks specialise the sequence length under dynamic shapes)
+    dg = q.new_empty(0) if g is None else g.new_empty(g.shape)
+    return tuple(x.new_empty(x.shape) for x in (q, k, v, w, beta)) + (dg,)
 
 
 def _setup_context(ctx, inputs, output):

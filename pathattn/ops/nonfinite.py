@@ -70,7 +70,10 @@ def poison_rows(o: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     """o [B, T, HQ, Dv] with the rows marked in rows [B, T, HQ] set to NaN."""
     if rows is None:
         return o
-    return o.masked_fill(rows[..., None], float("nan"))
+    # as [B * T * HQ, Dv] rows: with a [B, T, HQ, 1] mask inductor (torch 2.13) compares
+    # symbolic strides of its size-1 dimension and fails under dynamic shapes
+    Dv = o.shape[-1]
+    return o.reshape(-1, Dv).masked_fill(rows.reshape(-1, 1), float("nan")).view(o.shape)
 
 
 def poison_keys(keys: torch.Tensor, k, v, w, beta, cu_seqlens) -> torch.Tensor:
