@@ -13,9 +13,10 @@ definition makes non-finite: for each sequence and query head, every row from th
 token with a non-finite k, v, w, beta or g on, and every row whose q is non-finite. The
 public ops set those rows to NaN after computing the rest from the cleaned inputs.
 
-On the CPU the check is one pass over each input and the common all-finite case returns
-the inputs untouched; on other devices and under torch.compile the masks are built without
-reading anything back to the host (no synchronisation, no graph break).
+On the CPU the check is one sum over each input (a finite sum: every entry is finite) and
+the common all-finite case returns the inputs untouched; on other devices and under
+torch.compile the masks are built without reading anything back to the host (no
+synchronisation, no graph break).
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def _kv_bad(k, v, w, beta) -> torch.Tensor:
             | _bad_rows(beta, beta.ndim - 3))
 
 
+def _surely_finite(x: torch.Tensor) -> bool:
+    """True only when every entry of x is finite: its sum is finite (a NaN or inf anywhere
+    makes the sum NaN or inf; an overflowing sum of finite entries answers False, and the
+    caller then takes the exact path). One vectorised pass, no bool temporary: cheaper
+    than torch.isfinite(x).all() by several times on the CPU."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return bool(torch.isfinite(x.sum(dtype=acc)))
+
+
 def isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens):
     """Clean inputs and the rows the definition makes non-finite.
 
@@ -50,7 +60,7 @@ def isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens):
     """
     inputs = (q, k, v, w, beta, g)
     if q.device.type == "cpu" and not torch.compiler.is_compiling() and all(
-            bool(torch.isfinite(x).all()) for x in inputs if x is not None):
+            _surely_finite(x) for x in inputs if x is not None):
         return inputs, None
     B, T, HQ, _ = q.shape
     H = k.shape[2]

@@ -82,3 +82,17 @@ def test_prefill_keeps_earlier_tokens():
     assert torch.isfinite(o[:, :T_BAD]).all() and torch.isnan(o[:, T_BAD:]).all()
     _, keys = path_attn_with_keys(*inputs)
     assert torch.isnan(keys[:, :T_BAD + 1]).all() and torch.isfinite(keys[:, T_BAD + 1:]).all()
+
+
+def test_finite_inputs_whose_sum_overflows_are_not_poisoned(op):  # noqa: F811
+    """The CPU's quick check sums each input; values near the float32 maximum make that sum
+    inf though every entry is finite. The op must then take the exact path, not mark rows
+    as non-finite: with v scaled by 1e37 the output is the same attention, scaled."""
+    inputs = make_inputs(1, 40, 2, 1, 16, 16, gates=True)
+    q, k, v, w, beta, g = inputs
+    v = v.abs() + 1
+    big = v * 1e37  # finite in float32; its sum (of positive entries) overflows to inf
+    assert torch.isfinite(big).all() and not torch.isfinite(big.sum())
+    o = op(q, k, big, w, beta, g)
+    assert torch.isfinite(o).all()
+    torch.testing.assert_close(o / 1e37, op(q, k, v, w, beta, g), rtol=1e-4, atol=1e-6)
