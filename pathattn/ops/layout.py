@@ -16,12 +16,12 @@ of gathering (`key_lo`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks", "sequence_bounds",
-           "token_bounds"]
+__all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks", "to_head_blocks",
+           "from_head_blocks", "sequence_bounds", "token_bounds"]
 
 
 @dataclass
@@ -41,6 +41,8 @@ class BlockLayout:
     key_rows: list[torch.Tensor]  # key_rows[d] [counts[d]] key block row of each active row
     key_lo: list[int | None]  # key_rows[d] == range(lo, lo + counts[d]) when not None
     row_length: int | None = None  # T for a dense [B, T] batch, None for packed sequences
+    # head-major gather indices per number of heads (`head_major_index`), built on first use
+    _head_major: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_max(self) -> int:
@@ -146,6 +148,51 @@ def from_blocks(xb: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
     """Slots [NB, C, *F] -> tokens [B * T, *F], dropping padding. Differentiable."""
     flat = xb.reshape((lay.NB * lay.C,) + tuple(xb.shape[2:]))
     return flat.index_select(0, lay.token_slot)
+
+
+class HeadMajorIndex:
+    """Row indices between tokens [B * T, H, M] and head-major blocks [NB, H, C, M], both
+    seen as rows of M entries (`to_head_blocks`, `from_head_blocks`)."""
+
+    def __init__(self, lay: BlockLayout, H: int):
+        heads = torch.arange(H, device=lay.slot_source.device)
+        C = lay.C
+        src = lay.slot_source.view(lay.NB, 1, C) * H + heads.view(1, H, 1)  # [NB, H, C]
+        self.gather = src.reshape(-1)  # block row (n, h, c) <- token row
+        pad = lay.pad_slots  # slots n * C + c
+        rows = ((pad // C)[:, None] * H + heads) * C + (pad % C)[:, None]  # [P, H]
+        self.pad_rows = rows.reshape(-1)
+        slot = lay.token_slot  # [B * T]
+        back = ((slot // C)[:, None] * H + heads) * C + (slot % C)[:, None]  # [B * T, H]
+        self.scatter = back.reshape(-1)  # token row (t, h) <- block row
+
+
+def head_major_index(lay: BlockLayout, H: int) -> HeadMajorIndex:
+    """The layout's `HeadMajorIndex` for H heads (built once per layout and H)."""
+    if H not in lay._head_major:
+        lay._head_major[H] = HeadMajorIndex(lay, H)
+    return lay._head_major[H]
+
+
+def to_head_blocks(x: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
+    """Tokens [B * T, H, *F] -> head-major blocks [NB, H, C, *F] (contiguous; zero in the
+    padding slots) in one gather, the same numbers as `to_blocks` then a transpose of the
+    first two block dimensions."""
+    H, F = x.shape[1], tuple(x.shape[2:])
+    idx = head_major_index(lay, H)
+    out = x.reshape(x.shape[0] * H, -1).index_select(0, idx.gather)  # [NB * H * C, M]
+    if idx.pad_rows.numel():
+        out.index_fill_(0, idx.pad_rows, 0)
+    return out.view((lay.NB, H, lay.C) + F)
+
+
+def from_head_blocks(xb: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
+    """Head-major blocks [NB, H, C, *F] -> tokens [B * T, H, *F] (padding dropped) in one
+    gather; the inverse of `to_head_blocks`."""
+    H, F = xb.shape[1], tuple(xb.shape[3:])
+    idx = head_major_index(lay, H)
+    rows = xb.reshape(lay.NB * H * lay.C, -1).index_select(0, idx.scatter)  # [B*T*H, M]
+    return rows.view((lay.n_tokens, H) + F)
 
 
 def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from .gates import BlockGates, block_gates
-from .layout import BlockLayout, from_blocks, to_blocks
+from .layout import BlockLayout, from_head_blocks, to_head_blocks
 
 __all__ = ["compute_dtype", "default_scale", "expand_kv_heads", "kv_blocks", "row_blocks",
            "rows_to_tokens", "kv_tokens", "ut_blocks", "num_reflections", "single_reflection",
@@ -53,9 +53,7 @@ def expand_kv_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 def kv_blocks(x: torch.Tensor, lay: BlockLayout, cd: torch.dtype) -> torch.Tensor:
     """Key-side tokens [B, T, H, *F] -> blocks [NB, H, C, *F] in dtype cd."""
-    flat = x.reshape((-1,) + tuple(x.shape[2:])).to(cd)  # [B*T, H, *F]
-    xb = to_blocks(flat, lay)  # [NB, C, H, *F]
-    return xb.transpose(1, 2).contiguous()
+    return to_head_blocks(x.reshape((-1,) + tuple(x.shape[2:])).to(cd), lay)
 
 
 def kv_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
@@ -63,7 +61,7 @@ def kv_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
     Reflections [NB, H, C * R, *F] -> tokens [B, T, H, R, *F] (inverse of `ut_blocks`)."""
     if xb.shape[2] != lay.C:
         xb = xb.unflatten(2, (lay.C, -1))  # [NB, H, C, R, *F]
-    return from_blocks(xb.transpose(1, 2), lay).view(shape)
+    return from_head_blocks(xb, lay).view(shape)
 
 
 def num_reflections(w: torch.Tensor) -> int:
@@ -84,17 +82,15 @@ def single_reflection(w: torch.Tensor, beta: torch.Tensor):
 def row_blocks(x: torch.Tensor, lay: BlockLayout, H: int, cd: torch.dtype) -> torch.Tensor:
     """Query-side tokens [B, T, HQ, F] -> [NB, H, Gr, C, F] (Gr = HQ // H) in dtype cd."""
     HQ, F = x.shape[2], x.shape[3]
-    xb = to_blocks(x.reshape(-1, HQ, F).to(cd), lay)  # [NB, C, HQ, F]
-    xb = xb.view(lay.NB, lay.C, H, HQ // H, F).permute(0, 2, 3, 1, 4)  # [NB, H, Gr, C, F]
-    return xb.contiguous()
+    xb = to_head_blocks(x.reshape(-1, HQ, F).to(cd), lay)  # [NB, HQ, C, F], hq = h * Gr + g
+    return xb.view(lay.NB, H, HQ // H, lay.C, F)
 
 
 def rows_to_tokens(xb: torch.Tensor, lay: BlockLayout, shape) -> torch.Tensor:
     """Query rows [NB, H, Gr * C, F] -> tokens of `shape` [B, T, HQ, F]."""
     NB, H, R, F = xb.shape
-    Gr = R // lay.C
-    x = xb.view(NB, H, Gr, lay.C, F).permute(0, 3, 1, 2, 4).reshape(NB, lay.C, H * Gr, F)
-    return from_blocks(x, lay).view(shape)
+    x = xb.reshape(NB, H * (R // lay.C), lay.C, F)  # [NB, HQ, C, F]
+    return from_head_blocks(x, lay).view(shape)
 
 
 def ut_blocks(q, k, w, beta, lay: BlockLayout, cd: torch.dtype):
