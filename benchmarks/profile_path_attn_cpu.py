@@ -1,0 +1,102 @@
+"""Where `path_attn`'s CPU time goes, next to SDPA's: the forward + backward of both at one
+size under torch.profiler, PaTH's self CPU time split into its stages.
+
+Stages: the fused scans (`pathattn_cpu::scan_fwd`, `scan_bwd`: the attention itself), the
+UT transform (`ut_fwd`, run again in the backward, and `ut_bwd`), the layout's gathers
+(tokens <-> blocks), the input checks, and everything else (small PyTorch ops between the
+stages). Each is printed in ms and as a multiple of SDPA's forward + backward, so the row
+"total" is the ratio that `benchmarks/bench_path_attn_cpu.py` measures and the rows say
+what it consists of. The profile with the smallest PaTH total over --repeats is shown (and
+SDPA's smallest).
+
+    python benchmarks/profile_path_attn_cpu.py                  # T 4096, H 8, D 64, fp32
+    python benchmarks/profile_path_attn_cpu.py --seq-len 8192 --threads 1
+
+Run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from _env import load_average, system_info  # benchmarks/ is on sys.path
+from torch.profiler import ProfilerActivity, profile
+
+from pathattn import path_attn
+
+STAGES = {  # profiler event name -> stage
+    "pathattn_cpu::scan_fwd": "scan forward",
+    "pathattn_cpu::scan_bwd": "scan backward",
+    "pathattn_cpu::ut_fwd": "UT transform (forward, and again in the backward)",
+    "pathattn_cpu::ut_bwd": "UT transform backward",
+    "aten::index_select": "gathers tokens <-> blocks",
+    "aten::index_fill_": "gathers tokens <-> blocks",
+    "aten::copy_": "copies",
+    "aten::sum": "input checks",
+}
+
+
+def stage_times(events) -> dict[str, float]:
+    """{stage: self CPU ms} of one profile; unnamed events go to "other"."""
+    out: dict[str, float] = defaultdict(float)
+    for e in events:
+        out[STAGES.get(e.key, "other")] += e.self_cpu_time_total / 1e3
+    return dict(out)
+
+
+def profiled(fn) -> dict[str, float]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return stage_times(prof.key_averages())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default all)")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    B, T, H, D = 1, args.seq_len, args.heads, args.dim
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, D, generator=g) for _ in range(3))
+    w = F.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
+    beta = 2 * torch.rand(B, T, H, generator=g)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, w, beta)]
+    sdpa_in = [x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v)]
+
+    def run_path():
+        path_attn(*leaves, backend="cpu").sum().backward()
+
+    def run_sdpa():
+        F.scaled_dot_product_attention(*sdpa_in, is_causal=True).sum().backward()
+
+    run_path(), run_sdpa()  # warm-up (kernel build, allocator)
+    info = system_info()
+    best_path, best_sdpa = None, None
+    for _ in range(args.repeats):
+        a, b = profiled(run_path), profiled(run_sdpa)
+        if best_path is None or sum(a.values()) < sum(best_path.values()):
+            best_path = a
+        if best_sdpa is None or sum(b.values()) < sum(best_sdpa.values()):
+            best_sdpa = b
+    sdpa = sum(best_sdpa.values())
+    print(f"# T={T} H={H} D={D} fp32, {info['threads']} threads, {info['cpu']}, "
+          f"torch {info['torch']}, load {info['loadavg_start']:.2f} -> {load_average():.2f}")
+    print(f"SDPA forward + backward: {sdpa:.1f} ms\n")
+    print("| PaTH stage | ms | x SDPA fwd+bwd |\n| --- | ---: | ---: |")
+    for stage, ms in sorted(best_path.items(), key=lambda kv: -kv[1]):
+        print(f"| {stage} | {ms:.1f} | {ms / sdpa:.3f} |")
+    total = sum(best_path.values())
+    print(f"| total | {total:.1f} | {total / sdpa:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
