@@ -5,7 +5,8 @@ buckets), for the trained runs of a `benchmarks/flipflop_seeds_cpu.py` configura
 Training draws writes with probability 0.1 per instruction, so a gap of g pairs without a
 write has probability 0.9^g: about 1 in 200 of the reads sit 50 or more pairs after their
 write, and practically none 128 or more (0.9^128 = 1.4e-6). The sparse split (writes with
-probability 0.01) puts a third of its reads 128 or more pairs after their write.
+probability 0.01) puts about 44 % of its reads 64 or more pairs after their write, 19 %
+128 or more.
 
     python benchmarks/flipflop_error_by_gap_cpu.py                          # base, val_sparse
     python benchmarks/flipflop_error_by_gap_cpu.py --config num_reflections=2 --seeds 0 1
