@@ -20,13 +20,14 @@ def _batch(B: int, T: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.randint(0, vocab, (B, T))
 
 
-def test_training_step_has_no_graph_break():
-    model = _model()
+@pytest.mark.parametrize("attn_type", ["path_fox", "sba"])
+def test_training_step_has_no_graph_break(attn_type):
+    model = _model(attn_type)
     ids, labels = _batch(2, 16, model.config.vocab_size)
     assert_no_graph_breaks(lambda ids, labels: model(ids, labels)[1], ids, labels)
 
 
-@pytest.mark.parametrize("attn_type", ["path_fox", "rope"])
+@pytest.mark.parametrize("attn_type", ["path_fox", "rope", "sba"])
 @torch.no_grad()
 def test_prefill_with_attention_mask_has_no_graph_break(attn_type):
     """Left-padded prompts: the mask's checks and the padding run inside the graph."""

@@ -1,6 +1,7 @@
 """torch.compile of the attention layers' training path (PaTH, PaTH-FoX and the RoPE / FoX
-baselines): no graph break with packed sequences (cu_seqlens), and compiled == eager for
-the output and every parameter gradient (float32), dynamic lengths included."""
+/ stick-breaking baselines): no graph break with packed sequences (cu_seqlens), and
+compiled == eager for the output and every parameter gradient (float32), dynamic lengths
+included."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from pathattn.nn import FoXAttention, PaTHAttention, RoPEAttention
+from pathattn.nn import FoXAttention, PaTHAttention, RoPEAttention, SBAttention
 from tests._compile import assert_no_graph_breaks, assert_same, loss_and_grads
 
 HIDDEN = 32
@@ -18,6 +19,7 @@ LAYERS = {
     "path_fox": lambda: PaTHAttention(HIDDEN, 4, 2, w_rank=8, use_forget_gate=True),
     "rope": lambda: RoPEAttention(HIDDEN, 4, 2),
     "fox": lambda: FoXAttention(HIDDEN, 4, 2),
+    "sba": lambda: SBAttention(HIDDEN, 4, 2),
 }
 
 

@@ -7,7 +7,7 @@ import torch
 
 from ..stages import default_scale
 from ..validation import check_block_size
-from .function import SBAttnFunction
+from .function import sb_attention
 from .validation import check_sb_attn_inputs
 
 __all__ = ["sb_attn"]
@@ -56,5 +56,5 @@ def sb_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         B, T, HQ, D = q.shape
         if B * T == 0:
             return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
-        return SBAttnFunction.apply(q, k, v, default_scale(D, scale), cu_seqlens,
-                                    attend_current, block_size)
+        return sb_attention(q, k, v, default_scale(D, scale), cu_seqlens, attend_current,
+                            block_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import check_cu_seqlens, check_same, check_scale, check_tensor
+from ..validation import assert_in_graph, check_cu_seqlens, check_same, check_scale, check_tensor
 
 __all__ = ["check_sb_attn_inputs", "check_attend_current", "check_start"]
 
@@ -61,5 +61,8 @@ def check_start(start, B: int, n: int, device: torch.device) -> None:
                          f"{tuple(getattr(start, 'shape', ()))}")
     if start.device != device:
         raise ValueError(f"start is on {start.device} but q is on {device}")
-    if B and (int(start.min()) < 0 or int(start.max()) > n):
+    if torch.compiler.is_compiling():  # checked in the graph, no host read
+        assert_in_graph(((start >= 0) & (start <= n)).all(),
+                        f"start: entries must lie in [0, {n}]")
+    elif B and (int(start.min()) < 0 or int(start.max()) > n):
         raise ValueError(f"start: entries must lie in [0, {n}], got {start.tolist()}")
