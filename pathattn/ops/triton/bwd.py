@@ -20,9 +20,15 @@ recomputes x^(c) from Q~_a. With SEG ~ sqrt(number of blocks) the extra work is 
 more pass, and the extra memory is the E_c, O(T D^2 / BT).
 
 Gradients of key-side quantities (dV, dK~, the transition terms dU = -W x^T g and
-dW = -U g^T x of Pt = I - W^T U, one row per reflection, the gate column sums) are
-accumulated with atomic adds into float32 buffers; dQ~ and the in-block dS go to
-per-query-head buffers that `ut.ut_bwd` turns into dq, dk, dw, dbeta.
+dW = -U g^T x of Pt = I - W^T U, one row per reflection, the gate terms) are accumulated
+with atomic adds into float32 buffers; dQ~ and the in-block dS go to per-query-head buffers
+that `ut.ut_bwd` turns into dq, dk, dw, dbeta.
+
+Gates: logit(i, j) holds G_i - G_j, so dL/dG_t = rowsum_t(dS) - colsum_t(dS). The row sum
+is zero in exact arithmetic (sum_j P_ij dP_ij = delta_i), but delta comes from the output
+rounded to the input dtype, so in bfloat16 / float16 it is not; each program keeps its
+query rows' sums over the walk instead of assuming them zero (in bfloat16 this cuts the
+error of dg about in half).
 """
 
 from __future__ import annotations
@@ -89,13 +95,14 @@ def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str, R: int 
 
 
 @device_fn
-def _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr, w_ptr,
-                     u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dcol_ptr, HQ, H, D, DV,
-                     cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
+def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr,
+                     w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H,
+                     D, DV, cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
                      DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
                      R: tl.constexpr, BTR: tl.constexpr):
     """One step of the left-to-right walk: query state x = x^(c) against key block c;
-    returns the adjoint g^(c) from g = g^(c-1)."""
+    returns the adjoint g^(c) from g = g^(c-1), and drow [BT] plus the row sums of this
+    tile's dS (with gates; the keys' column sums go to dgate_ptr)."""
     tc = s0 + c * BT
     kr = tc + tl.arange(0, BT)
     S, Kt = key_block_logits(x, kt_ptr, g_ptr, kr, t0, tc, hq, h, gq, HQ, H, D, cols, cmask,
@@ -108,7 +115,8 @@ def _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, 
     tl.atomic_add(tile_ptrs(dkt_ptr, kr, H * D, h * D, cols),
                   mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :])
     if HAS_G:
-        tl.atomic_add(dcol_ptr + row_offsets(kr, HQ, hq), tl.sum(dS, axis=0))
+        tl.atomic_add(dgate_ptr + row_offsets(kr, HQ, hq), -tl.sum(dS, axis=0))
+        drow += tl.sum(dS, axis=1)
     if c > 0:  # Pt_c acted on x^(c) (g^(c-1) is zero for c == 0)
         wr, wmask = full_block_reflections(tc, BT, R, BTR)  # [BTR]
         Wc = load_tile(w_ptr, wr, wmask, H * D, h * D, cols, cmask)
@@ -122,13 +130,13 @@ def _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, 
         tl.atomic_add(tile_ptrs(dwp_ptr, wr, H * D, h * D, cols),
                       -mm(mm(Uc, tl.trans(g), PREC), x, PREC), mask=amask)
         g = g - mm(mm(g, tl.trans(Uc), PREC), Wc, PREC)
-    return g + mm_lp(dS, Kt, DT, PREC, EMULATE)
+    return g + mm_lp(dS, Kt, DT, PREC, EMULATE), drow
 
 
 @triton.jit
 def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, do_ptr,
                 lse_ptr, delta_ptr, dqt_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
-                dcol_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
+                dgate_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
                 R: tl.constexpr, BTR: tl.constexpr):
@@ -155,6 +163,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
     sa = a // SEG  # its segment
     blk0 = blk - a  # table row of the sequence's first block
     g = tl.zeros([BT, BD], dtype=tl.float32)
+    drow = tl.zeros([BT], dtype=tl.float32)  # row sums of dS over the key blocks walked
     # state at the last block of segment sa - 1: x^(sa*SEG - 1)
     ytop = xa
     for i in range(0, a - sa * SEG):
@@ -170,27 +179,30 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
         for j in range(0, SEG):
             c = sc * SEG + j
             x = _times_e(y, e_ptr, blk0 + c, h, H, cols, BD, BK, PREC)
-            g = _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr,
-                                 v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
-                                 dcol_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G, BT,
-                                 DT, PREC, EMULATE, R, BTR)
+            g, drow = _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta,
+                                       rmask, kt_ptr, v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr,
+                                       dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
+                                       cols, cmask, vcols, vmask, HAS_G, BT, DT, PREC,
+                                       EMULATE, R, BTR)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
         x = xa
         for i in range(0, a - 1 - c):
             x = apply_transition(x, w_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
                                  cmask, PREC, BT, R, BTR)
-        g = _key_block_grads(x, g, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr,
-                             w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dcol_ptr,
-                             HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G, BT, DT, PREC,
-                             EMULATE, R, BTR)
+        g, drow = _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask,
+                                   kt_ptr, v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr,
+                                   du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask,
+                                   vcols, vmask, HAS_G, BT, DT, PREC, EMULATE, R, BTR)
     # the query block's own keys
     P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
     V = load_tile(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
     dS = P * (mm_lp(dO, tl.trans(V), DT, PREC, EMULATE) - delta[:, None])
     tl.atomic_add(tile_ptrs(dv_ptr, rows, H * DV, h * DV, vcols),
                   mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=rmask[:, None] & vmask[None, :])
-    if HAS_G:
-        tl.atomic_add(dcol_ptr + row_offsets(rows, HQ, hq), tl.sum(dS, axis=0), mask=rmask)
+    if HAS_G:  # dL/dG: this block's rows as queries, minus its tokens' in-block columns
+        drow += tl.sum(dS, axis=1)
+        tl.atomic_add(dgate_ptr + row_offsets(rows, HQ, hq), drow - tl.sum(dS, axis=0),
+                      mask=rmask)
     tl.store(tile_ptrs(dqt_ptr, rows, HQ * D, hq * D, cols), g,
              mask=rmask[:, None] & cmask[None, :])
     tl.store(tile_ptrs(dsd_ptr, rows, HQ * BT, hq * BT, cbt), dS, mask=rmask[:, None])
@@ -222,9 +234,10 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
 
     Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
     per query head), dv, dkt, du, dwp (float32, [N, H, Dv], [N, H, D], and [N * R, H, D]
-    for du, dwp) and the gate column sums dcol [N, HQ] (None without gates). BK: rows of a
-    segment product E read at a time (a divisor of BD); launch / seg_launch: num_warps /
-    num_stages of the scan and of `segment_products`.
+    for du, dwp) and dG = dL/dG [N, HQ], the gradient of the cumulative gates G: row sums
+    of dS minus column sums (None without gates). BK: rows of a segment product E read at a
+    time (a divisor of BD); launch / seg_launch: num_warps / num_stages of the scan and of
+    `segment_products`.
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
@@ -236,10 +249,10 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
     dv = torch.zeros(N, H, Dv, **f32)
     dkt = torch.zeros(N, H, D, **f32)
     du, dwp = (torch.zeros(N * R, H, D, **f32) for _ in range(2))
-    dcol = torch.zeros(N, HQ, **f32) if G is not None else None
+    dG = torch.zeros(N, HQ, **f32) if G is not None else None
     _bwd_kernel[(table.shape[0], HQ)](
         q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, dsd, dv,
-        dkt, du, dwp, dcol if dcol is not None else lse, table, scale, seg, HQ, H, D, Dv,
+        dkt, du, dwp, dG if dG is not None else lse, table, scale, seg, HQ, H, D, Dv,
         G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
         EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
-    return dqt, dsd, dv, dkt, du, dwp, dcol
+    return dqt, dsd, dv, dkt, du, dwp, dG

@@ -85,11 +85,11 @@ def _cumulative_gates(g, B, T, cu_seqlens):
                            row_length=T if cu_seqlens is None else None).contiguous()
 
 
-def _gate_grad(dcol, B, T, cu_seqlens):
-    """dL/dg [B * T, HQ] from the column sums of dS: dL/dG_j = -colsum_j, and
+def _gate_grad(dG, B, T, cu_seqlens):
+    """dL/dg [B * T, HQ] from dG = dL/dG [B * T, HQ] (`bwd.bwd_scan`):
     dL/dg_t = sum of dL/dG_s over s >= t in t's sequence."""
-    start, end = token_bounds(B, T, cu_seqlens, dcol.device)
-    return sequence_cumsum(-dcol.to(torch.float64), start, end, reverse=True,
+    start, end = token_bounds(B, T, cu_seqlens, dG.device)
+    return sequence_cumsum(dG.to(torch.float64), start, end, reverse=True,
                            row_length=T if cu_seqlens is None else None)
 
 
@@ -157,15 +157,15 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
     lsef = _flat(lse)
     delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
-    dqt, dsd, dv, dkt, du, dwp, dcol = bwd_scan(qf, kf, vf, wf, u, kt, m, G, dof, lsef, delta,
-                                                table, scale, seg, block_size, BD, BDV, dt,
-                                                prec, emulate, cfg.e_rows(BD),
-                                                cfg.launch_kwargs("bwd"),
-                                                cfg.launch_kwargs("seg"))
+    dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vf, wf, u, kt, m, G, dof, lsef, delta,
+                                              table, scale, seg, block_size, BD, BDV, dt,
+                                              prec, emulate, cfg.e_rows(BD),
+                                              cfg.launch_kwargs("bwd"),
+                                              cfg.launch_kwargs("seg"))
     dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, dqt, dsd, dkt, du, dwp, table, scale,
                                block_size, BD, prec, cfg.launch_kwargs("ut_bwd"))
     dg = (q.new_empty(0) if g is None
-          else _gate_grad(dcol, B, T, cu_seqlens).to(g.dtype).view(g.shape))
+          else _gate_grad(dG, B, T, cu_seqlens).to(g.dtype).view(g.shape))
     dw, dbeta = _unflat_reflections(dw, dbeta, w, beta)
     return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv), dw, dbeta,
             dg)

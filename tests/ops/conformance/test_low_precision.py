@@ -18,12 +18,7 @@ from ._specs import LOW_DTYPES
 
 # (backend, dtype, case) -> why its error is above the rule (strict: a pass fails the
 # test, so the entry goes when the defect does)
-KNOWN_DEFECTS = {
-    ("triton", "bf16", "B1-T50-HQ2H1-D32-Dv32-gates-cu0_1_20_50"):
-        "dg: the Triton backward takes delta = dO . o from the output rounded to 16 bits "
-        "and keeps only the column sums of dS, so the row sums it assumes zero are not "
-        "(dg error 2.2x plain PyTorch's here, about 0.2x on the torch backend)",
-}
+KNOWN_DEFECTS: dict[tuple[str, str, str], str] = {}
 
 
 @pytest.mark.parametrize("case", [
