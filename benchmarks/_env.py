@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -39,3 +40,11 @@ def system_info() -> dict:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "loadavg_start": load_average(),
     }
+
+
+def maxrss_mib() -> float:
+    """Peak resident set size of this process so far, in MiB."""
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, else KiB

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from _env import maxrss_mib  # benchmarks/ is on sys.path
+
 DEFAULT_SEQ_LENS = (4096, 8192, 16384)
 WARMUP_T = 256
 OPS = ("path", "sdpa")
@@ -61,14 +63,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- child side
-
-
-def maxrss_mib() -> float:
-    """Peak resident set size of this process so far, in MiB."""
-    import resource
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / MIB if sys.platform == "darwin" else rss / 1024  # bytes on macOS, else KiB
 
 
 def make_inputs(T: int, H: int, D: int, gates: bool) -> dict:

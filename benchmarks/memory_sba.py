@@ -23,6 +23,8 @@ import json
 import subprocess
 import sys
 
+from _env import maxrss_mib  # benchmarks/ is on sys.path
+
 RESULT_TAG = "RESULT "
 MIB = 2**20
 
@@ -42,14 +44,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--seq-len", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
-
-
-def maxrss_mib() -> float:
-    """Peak resident set size of this process so far, in MiB."""
-    import resource
-
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / MIB if sys.platform == "darwin" else rss / 1024  # bytes on macOS, else KiB
 
 
 def child(args: argparse.Namespace) -> None:
