@@ -16,6 +16,9 @@ Alphabets: "elements" draws every element uniformly (60 for A5, 120 for S5).
 g2 = (1 2 4), g3 = (1 2 5) and inverses (6 tokens, as in the PaTH text); for S5 (our choice)
 the transposition (1 2), self-inverse, and the 5-cycle (1 2 3 4 5) and its inverse
 (3 tokens).
+"transpositions" (S5 only) draws the 10 transpositions (x y), each a swap of two points:
+the swap-token language of the paper's one-layer construction for S5 (Theorem A.1), whose
+20 ordered pairs name these 10 elements twice.
 
 Registered as tasks "a5" and "s5" (`SPECS`): options length and alphabet; one evaluation
 split `val`, the training task on seed stream 1 instead of 0 (independent of the training
@@ -45,7 +48,7 @@ from .registry import TaskOption, TaskSpec
 
 N_POINTS = 5
 GROUPS = ("a5", "s5")
-ALPHABETS = ("elements", "generators")
+ALPHABETS = ("elements", "generators", "transpositions")
 
 
 def _parity(p: Sequence[int]) -> int:
@@ -86,10 +89,18 @@ def group_elements(group: str) -> list[tuple[int, ...]]:
     return [p for p in perms if group == "s5" or _parity(p) == 0]
 
 
+def transpositions() -> list[tuple[int, ...]]:
+    """The 10 transpositions (x y), x < y, of S5 as image tuples, lexicographic in (x, y)."""
+    return [from_cycles((x, y)) for x, y in itertools.combinations(range(1, N_POINTS + 1), 2)]
+
+
 def alphabet_elements(group: str, alphabet: str) -> list[tuple[int, ...]]:
-    """The elements tokens are drawn from: the whole group, or generators and inverses."""
+    """The elements tokens are drawn from: the whole group, generators and inverses, or
+    (S5) the transpositions."""
     if alphabet == "elements":
         return group_elements(group)
+    if alphabet == "transpositions":
+        return transpositions()
     gens = []
     for g in GENERATORS[group]:
         for h in (g, inverse(g)):
@@ -111,6 +122,9 @@ class WordProblemConfig:
             raise ValueError(f"group must be one of {GROUPS}, got {self.group!r}")
         if self.alphabet not in ALPHABETS:
             raise ValueError(f"alphabet must be one of {ALPHABETS}, got {self.alphabet!r}")
+        if self.alphabet == "transpositions" and self.group != "s5":
+            raise ValueError(f"alphabet 'transpositions' needs group 's5' (transpositions are "
+                             f"odd, not in A5), got group {self.group!r}")
         if self.length < 1:
             raise ValueError("length must be >= 1")
 
@@ -172,7 +186,8 @@ def _group_config(group: str):
 OPTIONS = (
     TaskOption("length", int, WordProblemConfig.length, "tokens per sequence"),
     TaskOption("alphabet", str, WordProblemConfig.alphabet,
-               "tokens drawn from all group elements or from generators and inverses",
+               "tokens drawn from all group elements, from generators and inverses, or "
+               "(s5) from the 10 transpositions",
                choices=ALPHABETS),
 )
 SPECS = tuple(TaskSpec(name=group, config=_group_config(group), task=WordProblem,

@@ -8,7 +8,8 @@ import torch
 
 from pathattn.tasks import WordProblem
 
-CASES = [("a5", "elements"), ("a5", "generators"), ("s5", "elements"), ("s5", "generators")]
+CASES = [("a5", "elements"), ("a5", "generators"), ("s5", "elements"), ("s5", "generators"),
+         ("s5", "transpositions")]
 IDS = [f"{g}-{a}" for g, a in CASES]
 
 
@@ -53,8 +54,13 @@ def test_alphabet(group, alphabet):
     if alphabet == "elements":
         assert drawable == sorted(task.vocab.itos)
         return
-    expected = {"a5": ["23145", "31245", "24315", "41325", "25341", "51342"],  # g, g^-1
-                "s5": ["21345", "23451", "51234"]}[group]
+    if alphabet == "transpositions":  # every swap of two points, each once
+        expected = [s for s in task.vocab.itos
+                    if sum(c != str(i + 1) for i, c in enumerate(s)) == 2]
+        assert len(expected) == 10
+    else:
+        expected = {"a5": ["23145", "31245", "24315", "41325", "25341", "51342"],  # g, g^-1
+                    "s5": ["21345", "23451", "51234"]}[group]
     assert drawable == sorted(expected)
     # the generators generate the whole group (closure under right multiplication)
     seen, frontier = {"12345"}, ["12345"]
@@ -84,3 +90,8 @@ def test_seeding():
 
     assert torch.equal(first(1), first(1))
     assert not torch.equal(first(1), first(2))
+
+
+def test_transpositions_need_s5():
+    with pytest.raises(ValueError, match="alphabet 'transpositions' needs group 's5'"):
+        WordProblem(group="a5", alphabet="transpositions")
