@@ -24,6 +24,10 @@ or --overwrite).
     python benchmarks/flipflop_seeds_cpu.py --seeds 0 1 2 3 4 --weight-decay 0.01
     python benchmarks/flipflop_seeds_cpu.py --seeds 0 1 2 3 4 --model-arg beta_max=1.5
     python benchmarks/flipflop_seeds_cpu.py --summary      # one row per configuration in OUT
+    python benchmarks/flipflop_seeds_cpu.py --summary --only base base_rope   # these, in order
+
+--summary also writes OUT/summary.md and OUT/summary.png (every seed's final errors per
+configuration and split).
 """
 
 from __future__ import annotations
@@ -68,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train every run of this configuration afresh")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--summary", action="store_true",
-                   help="train nothing: print one row per configuration found in --out")
+                   help="train nothing: print one row per configuration found in --out, "
+                   "write OUT/summary.md and OUT/summary.png (each seed's errors)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="with --summary: these configurations, in this order (default all)")
     return p
 
 
@@ -115,30 +122,90 @@ def _cell(spread: dict) -> str:
             f"{100 * spread['max']:.3g}]")
 
 
-def summary(root: Path) -> str:
+# The study's goal for one seed: the largest error allowed on each split (fractions).
+GOAL = {"val": 0.0, "val_sparse": 0.01, "val_dense": 0.001}
+
+
+def _reports(root: Path, only: list[str] | None) -> list[tuple[str, str, dict]]:
+    """(configuration, attention type, compare report) of every configuration under root
+    (or those named by `only`, in its order; ValueError naming a missing one)."""
+    if only is None:
+        paths = sorted(root.glob("*/results.json"))
+    else:
+        paths = [root / name / "results.json" for name in only]
+        missing = [p.parent.name for p in paths if not p.exists()]
+        if missing:
+            raise ValueError(f"--only: no results.json under {root} for {missing}")
+    return [(p.parent.name, attn, r) for p in paths
+            for attn, r in json.loads(p.read_text()).items()]
+
+
+def summary(root: Path, only: list[str] | None = None) -> str:
     """Markdown: one row per (configuration, attention type) of the study under `root`:
-    each split's error (%) as median [min, max] over the seeds, and the seeds with no
-    error on any split."""
+    each split's error (%) as median [min, max] over the seeds, the seeds with no error on
+    any split, and the seeds within the goal (`GOAL`: val 0, val_sparse <= 1 %, val_dense
+    <= 0.1 %)."""
     head = ("| configuration | attention | seeds | " + " | ".join(f"{s} error % "
                                                           "median [min, max]" for s in SPLITS)
-            + " | seeds with 0 errors |")
-    rows = [head, "|" + " --- |" * (4 + len(SPLITS))]
-    for path in sorted(root.glob("*/results.json")):
-        report = json.loads(path.read_text())
-        for attn, r in report.items():
-            clean = sum(all(r["errors"][s]["per_seed"][seed] == 0 for s in SPLITS)
-                        for seed in r["seeds"])
-            cells = [_cell(r["errors"][s]) for s in SPLITS]
-            rows.append(f"| {path.parent.name} | {attn} | {len(r['seeds'])} | "
-                        + " | ".join(cells) + f" | {clean} / {len(r['seeds'])} |")
+            + " | seeds with 0 errors | seeds within the goal |")
+    rows = [head, "|" + " --- |" * (5 + len(SPLITS))]
+    for name, attn, r in _reports(root, only):
+        seeds = r["seeds"]
+        clean = sum(all(r["errors"][s]["per_seed"][seed] == 0 for s in SPLITS)
+                    for seed in seeds)
+        good = sum(all(r["errors"][s]["per_seed"][seed] <= GOAL[s] for s in SPLITS)
+                   for seed in seeds)
+        cells = [_cell(r["errors"][s]) for s in SPLITS]
+        n = len(seeds)
+        rows.append(f"| {name} | {attn} | {n} | " + " | ".join(cells)
+                    + f" | {clean} / {n} | {good} / {n} |")
     return "\n".join(rows) + "\n"
+
+
+def summary_plot(root: Path, path: Path, only: list[str] | None = None) -> None:
+    """One panel per split: every seed's final error (%) per configuration (a dot each,
+    the median a bar), on a symmetric-log axis so that 0 and 40 % both show; the goal's
+    limit is a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reports = _reports(root, only)
+    labels = [name if name.endswith(attn) or len({a for _, a, _ in reports}) == 1
+              else f"{name} ({attn})" for name, attn, _ in reports]
+    fig, axes = plt.subplots(1, len(SPLITS), figsize=(4 + 1.1 * len(reports), 4.2),
+                             sharey=True)
+    for ax, split in zip(axes, SPLITS, strict=True):
+        for x, (_, _, r) in enumerate(reports):
+            vals = [100 * v for v in r["errors"][split]["per_seed"].values()]
+            ax.scatter([x] * len(vals), vals, s=18, alpha=0.7)
+            med = 100 * r["errors"][split]["median"]
+            ax.plot([x - 0.3, x + 0.3], [med, med], color="black", lw=1.5)
+        ax.axhline(100 * GOAL[split], ls="--", color="gray", lw=1)
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_xticks(range(len(reports)), labels, rotation=35, ha="right", fontsize=8)
+        ax.set_title(f"{split} (goal: <= {100 * GOAL[split]:g} %)")
+    axes[0].set_ylabel("final error %, one dot per seed, bar = median")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
 
 
 def main() -> None:
     parser = build_parser()
     args = parser.parse_args()
     if args.summary:
-        print(summary(args.out), end="")
+        try:
+            text = summary(args.out, args.only)
+        except ValueError as e:
+            parser.error(str(e))
+        atomic_write_bytes(args.out / "summary.md", text.encode())
+        summary_plot(args.out, args.out / "summary.png", args.only)
+        print(text, end="")
+        print(f"\nwrote {args.out}/summary.md and summary.png")
         return
     try:
         run(args)
