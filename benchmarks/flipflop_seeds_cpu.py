@@ -140,29 +140,30 @@ def _reports(root: Path, only: list[str] | None) -> list[tuple[str, str, dict]]:
             for attn, r in json.loads(p.read_text()).items()]
 
 
-def summary(root: Path, only: list[str] | None = None) -> str:
-    """Markdown: one row per (configuration, attention type) of the study under `root`:
-    each split's error (%) as median [min, max] over the seeds, the seeds with no error on
-    any split, and the seeds within the goal (`GOAL`: val 0, val_sparse <= 1 %, val_dense
-    <= 0.1 %)."""
+def _seeds_within(r: dict, limits: dict) -> int:
+    """How many seeds of a compare report `r` have every split's error <= its limit."""
+    return sum(all(r["errors"][s]["per_seed"][seed] <= limits[s] for s in SPLITS)
+               for seed in r["seeds"])
+
+
+def summary(reports: list[tuple[str, str, dict]]) -> str:
+    """Markdown: one row per (configuration, attention type) of `_reports`: each split's
+    error (%) as median [min, max] over the seeds, the seeds with no error on any split,
+    and the seeds within the goal (`GOAL`: val 0, val_sparse <= 1 %, val_dense <= 0.1 %)."""
     head = ("| configuration | attention | seeds | " + " | ".join(f"{s} error % "
                                                           "median [min, max]" for s in SPLITS)
             + " | seeds with 0 errors | seeds within the goal |")
     rows = [head, "|" + " --- |" * (5 + len(SPLITS))]
-    for name, attn, r in _reports(root, only):
-        seeds = r["seeds"]
-        clean = sum(all(r["errors"][s]["per_seed"][seed] == 0 for s in SPLITS)
-                    for seed in seeds)
-        good = sum(all(r["errors"][s]["per_seed"][seed] <= GOAL[s] for s in SPLITS)
-                   for seed in seeds)
+    exact = dict.fromkeys(SPLITS, 0.0)
+    for name, attn, r in reports:
+        n = len(r["seeds"])
         cells = [_cell(r["errors"][s]) for s in SPLITS]
-        n = len(seeds)
         rows.append(f"| {name} | {attn} | {n} | " + " | ".join(cells)
-                    + f" | {clean} / {n} | {good} / {n} |")
+                    + f" | {_seeds_within(r, exact)} / {n} | {_seeds_within(r, GOAL)} / {n} |")
     return "\n".join(rows) + "\n"
 
 
-def summary_plot(root: Path, path: Path, only: list[str] | None = None) -> None:
+def summary_plot(reports: list[tuple[str, str, dict]], path: Path) -> None:
     """One panel per split: every seed's final error (%) per configuration (a dot each,
     the median a bar), on a symmetric-log axis so that 0 and 40 % both show; the goal's
     limit is a dashed line."""
@@ -171,7 +172,6 @@ def summary_plot(root: Path, path: Path, only: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reports = _reports(root, only)
     labels = [name if name.endswith(attn) or len({a for _, a, _ in reports}) == 1
               else f"{name} ({attn})" for name, attn, _ in reports]
     fig, axes = plt.subplots(1, len(SPLITS), figsize=(4 + 1.1 * len(reports), 4.2),
@@ -199,11 +199,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.summary:
         try:
-            text = summary(args.out, args.only)
+            reports = _reports(args.out, args.only)
         except ValueError as e:
             parser.error(str(e))
+        text = summary(reports)
         atomic_write_bytes(args.out / "summary.md", text.encode())
-        summary_plot(args.out, args.out / "summary.png", args.only)
+        summary_plot(reports, args.out / "summary.png")
         print(text, end="")
         print(f"\nwrote {args.out}/summary.md and summary.png")
         return
