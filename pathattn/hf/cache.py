@@ -4,10 +4,10 @@ transformers' generate() threads through decoding.
 It wraps the model's own decode state (`pathattn.models.ModelCache`: per layer, a PaTH
 cache whose keys are updated in place by each new token's transform, paper section 3.4, or
 a RoPE / FoX cache) and offers the part of transformers' `Cache` interface that generate()
-calls on a model-supplied cache: `get_seq_length`, `reorder_cache` (beam search) and `crop`
-(assisted decoding; PaTH and FoX layers can go back to the start of the last decode step
-only, because Householder transforms are not invertible). It is not a `transformers.Cache`
-subclass: no static / compiled cache, no offloading.
+calls on a model-supplied cache: `get_seq_length`, `is_linear`, `reorder_cache` (beam
+search) and `crop` (assisted decoding; PaTH and FoX layers can go back to the start of the
+last decode step only, because Householder transforms are not invertible). It is not a
+`transformers.Cache` subclass: no static / compiled cache, no offloading.
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ class PaTHGenerationCache:
 
     def __repr__(self) -> str:
         return f"PaTHGenerationCache(seq_len={self.get_seq_length()})"
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer, False: every layer keeps one entry per position (keys, values), not a
+        fixed-size recurrent state, so generate() (transformers >= 5.24) slices a prompt
+        that restarts from this cache by its length, as for attention caches."""
+        return [False] * (1 if self.model_cache is None else len(self.model_cache.layers))
 
     @property
     def is_empty(self) -> bool:

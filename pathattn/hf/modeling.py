@@ -138,6 +138,7 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
                 use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, return_dict: bool | None = None,
+                cache: PaTHGenerationCache | None = None,
                 **kwargs) -> BaseModelOutputWithPast | tuple:
         """Args (module docstring for the paths):
             input_ids: int [B, T] token ids in [0, vocab_size).
@@ -149,11 +150,18 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
             inputs_embeds: not supported (PaTH's w and beta are computed from the hidden
                 states inside each layer, but the cache needs token ids): ValueError.
             position_ids: ignored.
+            cache: the same as past_key_values, under the name transformers' generate()
+                passes it from version 5.24 on; give one of the two.
         Returns BaseModelOutputWithPast(last_hidden_state [B, T, hidden], past_key_values).
         """
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds is not supported by PaTHModel; pass input_ids")
         check_ids("input_ids", input_ids, self.config.vocab_size)
+        if cache is not None:
+            if past_key_values is not None and past_key_values is not cache:
+                raise ValueError("past_key_values and cache name the same argument; give one "
+                                 "of them, not two different caches")
+            past_key_values = cache
         if past_key_values is not None and not isinstance(past_key_values, PaTHGenerationCache):
             raise ValueError(f"past_key_values must be a PaTHGenerationCache (returned by this "
                              f"model), got {type(past_key_values).__name__}")

@@ -208,6 +208,25 @@ def test_cache_continues_generation_and_crops():
         cache.crop(2)  # PaTH keys cannot be un-transformed past the last step
 
 
+@pytest.mark.parametrize("attn_type", ["path", "rope"])
+@torch.no_grad()
+def test_cache_argument_is_past_key_values(attn_type):
+    """transformers >= 5.24 passes the cache to forward() as `cache`: a decode step given
+    it that way equals the same step given past_key_values."""
+    model = make_model(attn_type).eval()
+    ids = torch.randint(1, V, (2, 7), generator=torch.Generator().manual_seed(3))
+    logits = []
+    for name in ("past_key_values", "cache"):
+        cache = model(ids[:, :6], use_cache=True).past_key_values
+        out = model(ids[:, 6:], **{name: cache})
+        assert out.past_key_values is cache and len(cache) == 7
+        logits.append(out.logits)
+    assert torch.equal(logits[0], logits[1])
+    cache = model(ids[:, :6], use_cache=True).past_key_values
+    with pytest.raises(ValueError, match="past_key_values and cache"):
+        model(ids[:, 6:], past_key_values=cache, cache=PaTHGenerationCache())
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(inputs_embeds=torch.zeros(1, 3, 32)), "inputs_embeds"),
     (dict(attention_mask=torch.tensor([[1, 0, 1]])), "inside a row"),
