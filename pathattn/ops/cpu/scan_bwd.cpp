@@ -5,17 +5,21 @@
 // (sequence, KV head) pair: it is the only writer of that pair's key-side gradients and
 // needs no atomics. Tasks go longest sequence first from an atomic counter. With fewer
 // pairs than threads, each pair's query blocks are split over a few replicas with private
-// key-side gradients, summed at the end. For each query block a of its sequence, a task
+// key-side gradients, summed at the end. The chain is walked in the forward kernel's pair
+// steps (scan_common.h): step k at key block b_k reads kk_b = [K~_b ; K~_p Pt_b^T] (2C
+// keys, C without predecessor p) and pp_b = Pt_b Pt_p. For each query block a a task runs
 //
 //   diagonal:  P = exp(S_diag - lse), dV_a += P^T dO_a, dS = P * (dO_a V_a^T - delta)
 //              (stored as ds_diag[a]; its column sums feed the gate gradient)
-//   chain:     states st_1 = Q~_a, st_{k+1} = st_k @ Pt_{b_k} along the key blocks
-//              b_1 = pred[a], b_2 = pred[b_1], ... (kept: one [R, D] tile per block), then
-//              for k = n .. 1 (right to left in reverse):
-//                P  = exp(st_k K~_b^T (+ gates) - lse),   dV_b += P^T dO_a
-//                dS = P * (dO_a V_b^T - delta),           dK~_b += dS^T st_k
-//                g_k = dS K~_b + g_{k+1} Pt_b^T,          dPt_b += st_k^T g_{k+1}
+//   chain:     states st_1 = Q~_a, st_{k+1} = st_k @ pp_{b_k} along the steps (kept: one
+//              [R, D] tile per step), then for k = n .. 1 (right to left in reverse):
+//                P  = exp(st_k kk_b^T (+ gates) - lse),   [dV_b ; dV_p] += P^T dO_a
+//                dS = P * (dO_a [V_b ; V_p]^T - delta),   dkk_b += dS^T st_k
+//                g_k = dS kk_b + g_{k+1} pp_b^T,          dpp_b += st_k^T g_{k+1}
 //              dQ~_a = g_1.
+//   last, per key block x with successor s (pred[s] = x), the pair tiles' gradients:
+//              dK~_x = dkk_x[:C] + dkk_s[C:] Pt_s
+//              dPt_x = dkk_x[C:]^T K~_p + dpp_x Pt_p^T + Pt_s^T dpp_s   (p = pred[x])
 //
 // The tiles are recomputed in the forward kernel's order of operations, so that P here is
 // the forward's P to the last bit where the forward's lse allows it.
@@ -40,14 +44,16 @@ using namespace pathattn_cpu;
 
 template <typename T>
 struct BwdArgs : ScanInputs<T> {
-  const T *dout, *lse, *delta;              // [NB, H, R, Dv], [NB, H, R] x 2
-  T *dqt, *dkt, *dpt, *ds_diag, *dv, *dcol;  // outputs; dcol nullptr without gates
+  const T *dout, *lse, *delta;      // [NB, H, R, Dv], [NB, H, R] x 2
+  const T *kk, *pp;                 // pair tiles [NB, H, 2C, D], [NB, H, D, D]
+  T *dqt = nullptr, *ds_diag = nullptr;  // outputs, one writer per query block
+  // key side, accumulated: dkk [NB, H, 2C, D], dpp [NB, H, D, D], dv [NB, H, C, Dv],
+  // dcol [NB, H, Gr, C] (nullptr without gates)
+  T *dkk = nullptr, *dpp = nullptr, *dv = nullptr, *dcol = nullptr;
   BwdArgs(const ScanInputs<T>& in, const at::Tensor& dout_, const at::Tensor& lse_,
-          const at::Tensor& delta_, std::vector<at::Tensor>& outs)
+          const at::Tensor& delta_, const PairTiles<T>& tiles)
       : ScanInputs<T>(in), dout(dout_.data_ptr<T>()), lse(lse_.data_ptr<T>()),
-        delta(delta_.data_ptr<T>()), dqt(outs[0].data_ptr<T>()), dkt(outs[1].data_ptr<T>()),
-        dpt(outs[2].data_ptr<T>()), ds_diag(outs[3].data_ptr<T>()), dv(outs[4].data_ptr<T>()),
-        dcol(in.G != nullptr ? outs[5].data_ptr<T>() : nullptr) {}
+        delta(delta_.data_ptr<T>()), kk(tiles.kk.data()), pp(tiles.pp.data()) {}
 };
 
 template <typename T>
@@ -56,17 +62,21 @@ struct Work {  // per-thread scratch
   std::vector<int64_t> chain;
 };
 
-// dS = P * (dP - delta_i) in place of dP; also the gate column sums into dcol_b [Gr, C].
+// dS = P * (dP - delta_i) in place of dP, rows of W entries; also the gate column sums of
+// the first C columns into dcol_b [Gr, C] and of the next C into dcol_p (when W = 2C).
 template <typename T>
-void tile_dS(const T* P, T* dP, const T* delta, int64_t R, int64_t C, T* dcol_b) {
+void tile_dS(const T* P, T* dP, const T* delta, int64_t R, int64_t C, int64_t W,
+             T* dcol_b, T* dcol_p) {
   for (int64_t i = 0; i < R; ++i) {
     const T di = delta[i];
-    const T* p = P + i * C;
-    T* d = dP + i * C;
-    for (int64_t j = 0; j < C; ++j) d[j] = p[j] * (d[j] - di);
+    const T* p = P + i * W;
+    T* d = dP + i * W;
+    for (int64_t j = 0; j < W; ++j) d[j] = p[j] * (d[j] - di);
     if (dcol_b != nullptr) {
-      T* col = dcol_b + (i / C) * C;
-      for (int64_t j = 0; j < C; ++j) col[j] += d[j];
+      const int64_t off = (i / C) * C;
+      for (int64_t j = 0; j < C; ++j) dcol_b[off + j] += d[j];
+      if (W > C)
+        for (int64_t j = 0; j < C; ++j) dcol_p[off + j] += d[C + j];
     }
   }
 }
@@ -94,12 +104,12 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   }
   gemm_rm<T>(C, Dv, R, S, C, true, dO, Dv, false, A.dv + ah * C * Dv, Dv, true);
   gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + ah * C * Dv, Dv, true, dP, C, false);
-  tile_dS<T>(S, dP, delta, R, C, gated ? A.dcol + ah * Gr * C : nullptr);
+  tile_dS<T>(S, dP, delta, R, C, C, gated ? A.dcol + ah * Gr * C : nullptr, nullptr);
   std::memcpy(A.ds_diag + ah * R * C, dP, sizeof(T) * R * C);
 
-  // ---- chain of key blocks and the query states met along it
+  // ---- chain of pair steps and the query states met along it
   W.chain.clear();
-  for (int64_t b = A.pred[a]; b >= 0; b = A.pred[b]) W.chain.push_back(b);
+  for (int64_t b = A.pred[a]; b >= 0; b = next_step(A, b)) W.chain.push_back(b);
   const int64_t n = static_cast<int64_t>(W.chain.size());
   T* dq = A.dqt + ah * R * D;
   if (n == 0) {
@@ -110,52 +120,90 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   T* st = W.states.data();
   std::memcpy(st, A.qt + ah * R * D, sizeof(T) * R * D);
   for (int64_t k = 0; k + 1 < n; ++k) {
-    const T* ptb = A.pt + (W.chain[k] * H + h) * D * D;
-    gemm_rm<T>(R, D, D, st + k * R * D, D, false, ptb, D, false, st + (k + 1) * R * D, D,
+    const T* ppb = A.pp + (W.chain[k] * H + h) * D * D;
+    gemm_rm<T>(R, D, D, st + k * R * D, D, false, ppb, D, false, st + (k + 1) * R * D, D,
                false);
   }
   T* g = W.g.data();
   T* g_next = W.g_next.data();
   for (int64_t k = n - 1; k >= 0; --k) {
-    const int64_t b = W.chain[k], bh = b * H + h;
+    const int64_t b = W.chain[k], bh = b * H + h, p = A.pred[b], ph = p * H + h;
+    const int64_t Wd = step_width(A, b);
     const T* sk = st + k * R * D;
-    const T* ktb = A.kt + bh * C * D;
-    gemm_rm<T>(R, C, D, sk, D, false, ktb, D, true, S, C, false);
+    const T* kkb = A.kk + bh * 2 * C * D;
+    gemm_rm<T>(R, Wd, D, sk, D, false, kkb, D, true, S, Wd, false);
     for (int64_t i = 0; i < R; ++i) {
-      T* row = S + i * C;
+      T* row = S + i * Wd;
       if (gated) {  // as the forward kernel
         const int64_t gi = i / C;
-        cross_gate_row(row, A.G + (bh * Gr + gi) * C, C, A.G[(ah * Gr + gi) * C + i % C]);
+        const double Gi = A.G[(ah * Gr + gi) * C + i % C];
+        cross_gate_row(row, A.G + (bh * Gr + gi) * C, C, Gi);
+        if (p >= 0) cross_gate_row(row + C, A.G + (ph * Gr + gi) * C, C, Gi);
       }
-      for (int64_t j = 0; j < C; ++j) row[j] -= lse[i];
-      exp_nonpos(row, static_cast<int>(C));
+      for (int64_t j = 0; j < Wd; ++j) row[j] -= lse[i];
+      exp_nonpos(row, static_cast<int>(Wd));
     }
-    gemm_rm<T>(C, Dv, R, S, C, true, dO, Dv, false, A.dv + bh * C * Dv, Dv, true);
-    gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + bh * C * Dv, Dv, true, dP, C, false);
-    tile_dS<T>(S, dP, delta, R, C, gated ? A.dcol + bh * Gr * C : nullptr);
-    gemm_rm<T>(C, D, R, dP, C, true, sk, D, false, A.dkt + bh * C * D, D, true);
-    gemm_rm<T>(R, D, C, dP, C, false, ktb, D, false, g, D, false);
-    if (k + 1 < n) {  // st_{k+1} = st_k @ Pt_b
-      const T* ptb = A.pt + bh * D * D;
-      gemm_rm<T>(R, D, D, g_next, D, false, ptb, D, true, g, D, true);
-      gemm_rm<T>(D, D, R, sk, D, true, g_next, D, false, A.dpt + bh * D * D, D, true);
+    gemm_rm<T>(C, Dv, R, S, Wd, true, dO, Dv, false, A.dv + bh * C * Dv, Dv, true);
+    gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + bh * C * Dv, Dv, true, dP, Wd, false);
+    if (p >= 0) {
+      gemm_rm<T>(C, Dv, R, S + C, Wd, true, dO, Dv, false, A.dv + ph * C * Dv, Dv, true);
+      gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + ph * C * Dv, Dv, true, dP + C, Wd, false);
+    }
+    tile_dS<T>(S, dP, delta, R, C, Wd, gated ? A.dcol + bh * Gr * C : nullptr,
+               gated && p >= 0 ? A.dcol + ph * Gr * C : nullptr);
+    gemm_rm<T>(Wd, D, R, dP, Wd, true, sk, D, false, A.dkk + bh * 2 * C * D, D, true);
+    gemm_rm<T>(R, D, Wd, dP, Wd, false, kkb, D, false, g, D, false);
+    if (k + 1 < n) {  // st_{k+1} = st_k @ pp_b
+      const T* ppb = A.pp + bh * D * D;
+      gemm_rm<T>(R, D, D, g_next, D, false, ppb, D, true, g, D, true);
+      gemm_rm<T>(D, D, R, sk, D, true, g_next, D, false, A.dpp + bh * D * D, D, true);
     }
     std::swap(g, g_next);
   }
   std::memcpy(dq, g_next, sizeof(T) * R * D);
 }
 
+// dK~ and dPt from the pair tiles' gradients (the last formula of the header), one key
+// block per task. succ[x]: the block whose predecessor is x, or -1.
 template <typename T>
-void run_all(const BwdArgs<T>& A) {
+void pair_grads(const BwdArgs<T>& A, const std::vector<int64_t>& succ, T* dkt, T* dpt) {
+  const int64_t H = A.H, C = A.C, D = A.D;
+  at::parallel_for(0, A.NB * H, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t x = t / H, h = t % H, p = A.pred[x], s = succ[x];
+      const T* dkk = A.dkk + t * 2 * C * D;
+      T* dk = dkt + t * C * D;
+      T* dp = dpt + t * D * D;
+      std::copy(dkk, dkk + C * D, dk);
+      std::fill(dp, dp + D * D, T(0));
+      if (p >= 0) {
+        const int64_t ph = p * H + h;
+        gemm_rm<T>(D, D, C, dkk + C * D, D, true, A.kt + ph * C * D, D, false, dp, D, true);
+        gemm_rm<T>(D, D, D, A.dpp + t * D * D, D, false, A.pt + ph * D * D, D, true, dp, D,
+                   true);
+      }
+      if (s >= 0) {
+        const int64_t sh = s * H + h;
+        const T* pts = A.pt + sh * D * D;
+        gemm_rm<T>(C, D, D, A.dkk + sh * 2 * C * D + C * D, D, false, pts, D, false, dk, D,
+                   true);
+        gemm_rm<T>(D, D, D, pts, D, true, A.dpp + sh * D * D, D, false, dp, D, true);
+      }
+    }
+  });
+}
+
+template <typename T>
+void run_all(BwdArgs<T> A, T* dkt, T* dpt) {
   const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   // the last block of every sequence: no block has it as predecessor; in scan order the
   // last blocks of longer sequences come first
-  std::vector<char> has_next(NB, 0);
+  std::vector<int64_t> succ(NB, -1);
   for (int64_t a = 0; a < NB; ++a)
-    if (A.pred[a] >= 0) has_next[A.pred[a]] = 1;
+    if (A.pred[a] >= 0) succ[A.pred[a]] = a;
   std::vector<int64_t> lasts;
   for (int64_t a = 0; a < NB; ++a)
-    if (!has_next[a]) lasts.push_back(a);
+    if (succ[a] < 0) lasts.push_back(a);
   int64_t longest = 0;  // blocks in the longest sequence
   for (int64_t a = lasts.empty() ? -1 : lasts[0]; a >= 0; a = A.pred[a]) ++longest;
   // Fewer (sequence, head) pairs than threads: split each pair's query blocks over `reps`
@@ -164,12 +212,15 @@ void run_all(const BwdArgs<T>& A) {
   const int64_t n_threads = at::get_num_threads();
   const int64_t reps = n_pairs >= n_threads ? 1
       : std::max<int64_t>(1, std::min<int64_t>((n_threads + n_pairs - 1) / n_pairs, longest));
-  const int64_t sizes[4] = {NB * H * C * D, NB * H * D * D, NB * H * C * Dv,
+  const int64_t sizes[4] = {NB * H * 2 * C * D, NB * H * D * D, NB * H * C * Dv,
                             A.dcol != nullptr ? NB * R : 0};
+  std::vector<T> dkk(sizes[0], T(0)), dpp(sizes[1], T(0));
+  A.dkk = dkk.data();
+  A.dpp = dpp.data();
   std::vector<std::vector<T>> extra(reps > 1 ? (reps - 1) * 4 : 0);
   std::vector<BwdArgs<T>> args(reps, A);
   for (int64_t j = 1; j < reps; ++j) {
-    T** dst[4] = {&args[j].dkt, &args[j].dpt, &args[j].dv, &args[j].dcol};
+    T** dst[4] = {&args[j].dkk, &args[j].dpp, &args[j].dv, &args[j].dcol};
     for (int q = 0; q < 4; ++q) {
       auto& buf = extra[(j - 1) * 4 + q];
       buf.assign(sizes[q], T(0));
@@ -181,8 +232,8 @@ void run_all(const BwdArgs<T>& A) {
   const int64_t n_workers = std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks));
   at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
     Work<T> W;
-    W.S.resize(R * C);
-    W.dP.resize(R * C);
+    W.S.resize(R * 2 * C);
+    W.dP.resize(R * 2 * C);
     W.g.resize(R * D);
     W.g_next.resize(R * D);
     for (int64_t t = counter++; t < n_tasks; t = counter++) {
@@ -192,8 +243,8 @@ void run_all(const BwdArgs<T>& A) {
         if (idx % reps == j) query_block<T>(args[j], a, h, W);
     }
   });
-  if (reps > 1) {  // outputs += replicas
-    T* outs[4] = {A.dkt, A.dpt, A.dv, A.dcol};
+  if (reps > 1) {  // accumulators += replicas
+    T* outs[4] = {A.dkk, A.dpp, A.dv, A.dcol};
     at::parallel_for(0, 4, 1, [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q)
         for (int64_t j = 1; j < reps; ++j) {
@@ -202,6 +253,7 @@ void run_all(const BwdArgs<T>& A) {
         }
     });
   }
+  pair_grads<T>(A, succ, dkt, dpt);
 }
 
 // Inputs as ScanInputs (scan_common.h) plus dout [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
@@ -224,18 +276,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   TORCH_CHECK(delta.sizes() == lse.sizes(), op, ": delta shape");
   const bool gated = G.has_value();
   auto dqt = at::empty_like(qt);
-  auto dkt = at::zeros_like(kt);
-  auto dpt = at::zeros_like(pt);
+  auto dkt = at::empty_like(kt);
+  auto dpt = at::empty_like(pt);
   auto ds_diag = at::empty_like(s_diag);
   auto dv = at::zeros_like(vb);
   auto dcol = gated ? at::zeros(G->sizes(), qt.options()) : at::empty({0}, qt.options());
-  std::vector<at::Tensor> outs = {dqt, dkt, dpt, ds_diag, dv, dcol};
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const ScanInputs<T> in(qt, kt, pt, s_diag, vb, pred, G);
+    const PairTiles<T> tiles = pair_tiles(in);
+    BwdArgs<T> A(in, dout, lse, delta, tiles);
+    A.dqt = dqt.data_ptr<T>();
+    A.ds_diag = ds_diag.data_ptr<T>();
+    A.dv = dv.data_ptr<T>();
+    A.dcol = gated ? dcol.data_ptr<T>() : nullptr;
+    run_all<T>(A, dkt.data_ptr<T>(), dpt.data_ptr<T>());
+  };
   if (dt == at::kFloat) {
-    run_all<float>(BwdArgs<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G), dout,
-                                  lse, delta, outs));
+    run(0.f);
   } else {
-    run_all<double>(BwdArgs<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G),
-                                    dout, lse, delta, outs));
+    run(0.0);
   }
   return std::make_tuple(dqt, dkt, dpt, ds_diag, dv, dcol);
 }

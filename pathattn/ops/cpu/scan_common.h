@@ -4,7 +4,10 @@
 
 #include "common.h"
 
+#include <ATen/Parallel.h>
+
 #include <optional>
+#include <vector>
 
 namespace pathattn_cpu {
 
@@ -72,6 +75,56 @@ inline void diag_gate_row(T* row, const double* G_b, int64_t p) {
 template <typename T>
 inline void cross_gate_row(T* row, const double* G_b, int64_t C, double G_i) {
   for (int64_t j = 0; j < C; ++j) row[j] += static_cast<T>(G_i - G_b[j]);
+}
+
+// Pair steps. Both scans walk a query block's key blocks two at a time: the step at key
+// block b with predecessor p = pred[b] reads the keys of both, p's already moved past b's
+// transition, and moves the query state past both transitions with one [D, D] product.
+// A key block costs a query block 2 C^2 D + C D^2 FLOPs forward (logits, P V, state
+// update) and 5 C^2 D + 3 C D^2 backward; pair steps halve the C D^2 terms, the state
+// updates. The pair tiles are computed once per key block, not per pair of blocks:
+//   kk[b] = [K~_b ; K~_p Pt_b^T]   [NB, H, 2C, D]   (the second half where p >= 0)
+//   pp[b] = Pt_b Pt_p              [NB, H, D, D]    (where p >= 0)
+// since state_b K~_p^T after the update state_b Pt_b is state_b (K~_p Pt_b^T)^T. A step at
+// a block without predecessor reads C keys and ends the chain (no update follows it).
+template <typename T>
+struct PairTiles {
+  std::vector<T> kk, pp;
+};
+
+template <typename T>
+PairTiles<T> pair_tiles(const ScanInputs<T>& A) {
+  const int64_t NB = A.NB, H = A.H, C = A.C, D = A.D;
+  PairTiles<T> P;
+  P.kk.resize(NB * H * 2 * C * D);
+  P.pp.resize(NB * H * D * D);
+  at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / H, h = t % H, p = A.pred[b];
+      T* kk = P.kk.data() + t * 2 * C * D;
+      const T* ptb = A.pt + t * D * D;
+      std::copy(A.kt + t * C * D, A.kt + (t + 1) * C * D, kk);
+      if (p < 0) continue;
+      const int64_t ph = p * H + h;
+      gemm_rm<T>(C, D, D, A.kt + ph * C * D, D, false, ptb, D, true, kk + C * D, D, false);
+      gemm_rm<T>(D, D, D, ptb, D, false, A.pt + ph * D * D, D, false,
+                 P.pp.data() + t * D * D, D, false);
+    }
+  });
+  return P;
+}
+
+// Keys a step at key block b reads: 2C with a predecessor, else C.
+template <typename T>
+inline int64_t step_width(const ScanInputs<T>& A, int64_t b) {
+  return A.pred[b] >= 0 ? 2 * A.C : A.C;
+}
+
+// The key block after the step at b (the predecessor of its pair), or -1: chains of steps.
+template <typename T>
+inline int64_t next_step(const ScanInputs<T>& A, int64_t b) {
+  const int64_t p = A.pred[b];
+  return p >= 0 ? A.pred[p] : -1;
 }
 
 }  // namespace pathattn_cpu

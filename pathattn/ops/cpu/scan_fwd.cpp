@@ -3,16 +3,18 @@
 // One task per (query block a, KV head h), in scan order (longest chain first), handed out
 // from an atomic counter so that the long chains of a packed or long batch do not pile up
 // on one thread. A task keeps its tiles in cache: the query state [R, D], one logit tile
-// [R, C] and the accumulator [R, Dv], and walks its sequence's key blocks right to left:
+// [R, 2C] and the accumulator [R, Dv], and walks its sequence's key blocks right to left,
+// two at a time (pair steps, scan_common.h):
 //
 //   diagonal:  S = s_diag[a] (+ G_i - G_j), masked j <= i % C; online softmax initialised.
-//   b = pred[a], pred[pred[a]], ...:
-//       S      = state @ K~_b^T            (+ G_i - G_j with gates)
-//       m, den, acc <- online softmax update with S, acc += P @ V_b
-//       state  = state @ Pt_b              (only while b has a predecessor)
+//   b = pred[a], then the block two before b, ... (p = pred[b]):
+//       S      = state @ kk_b^T            [R, 2C]: keys of b, then of p (C: p < 0)
+//                                          (+ G_i - G_j with gates)
+//       m, den, acc <- online softmax update with S, acc += P @ [V_b ; V_p]
+//       state  = state @ pp_b              (only while p has a predecessor)
 //
-// Outputs o = acc / den [NB, H, R, Dv] and lse = m + log(den) [NB, H, R]: the same numbers
-// as the PyTorch scan, including its exp cutoff (arguments below -64 give exactly 0).
+// Outputs o = acc / den [NB, H, R, Dv] and lse = m + log(den) [NB, H, R]: the numbers of
+// the PyTorch scan up to rounding, with its exp cutoff (arguments below -64 give exactly 0).
 
 #include "scan_common.h"
 
@@ -43,11 +45,12 @@ struct Args : ScanInputs<T> {
 };
 
 template <typename T>
-void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
+void run_task(const Args<T>& A, const PairTiles<T>& P, int64_t a, int64_t h,
+              std::vector<T>& buf) {
   const int64_t R = A.R, C = A.C, D = A.D, Dv = A.Dv, H = A.H;
   const int64_t Gr = R / C;
-  T* S = buf.data();              // [R, C]
-  T* st0 = S + R * C;             // [R, D]
+  T* S = buf.data();              // [R, 2C]
+  T* st0 = S + R * 2 * C;         // [R, D]
   T* st1 = st0 + R * D;           // [R, D]
   T* acc = st1 + R * D;           // [R, Dv]
   T* m = acc + R * Dv;            // [R]
@@ -70,22 +73,25 @@ void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
   }
   gemm_rm<T>(R, Dv, C, S, C, false, A.vb + ah * C * Dv, Dv, false, acc, Dv, false);
 
-  // ---- key blocks to the left, right to left
+  // ---- key blocks to the left, right to left, a pair per step
   const T* state = A.qt + ah * R * D;
   T* next = st0;
-  for (int64_t b = A.pred[a]; b >= 0; b = A.pred[b]) {
-    const int64_t bh = b * H + h;
-    gemm_rm<T>(R, C, D, state, D, false, A.kt + bh * C * D, D, true, S, C, false);
+  for (int64_t b = A.pred[a]; b >= 0; b = next_step(A, b)) {
+    const int64_t bh = b * H + h, p = A.pred[b], ph = p * H + h;
+    const int64_t W = step_width(A, b);
+    gemm_rm<T>(R, W, D, state, D, false, P.kk.data() + bh * 2 * C * D, D, true, S, W, false);
     for (int64_t i = 0; i < R; ++i) {
-      T* row = S + i * C;
+      T* row = S + i * W;
       if (gated) {
         const int64_t g = i / C;
-        cross_gate_row(row, A.G + (bh * Gr + g) * C, C, A.G[(ah * Gr + g) * C + i % C]);
+        const double Gi = A.G[(ah * Gr + g) * C + i % C];
+        cross_gate_row(row, A.G + (bh * Gr + g) * C, C, Gi);
+        if (p >= 0) cross_gate_row(row + C, A.G + (ph * Gr + g) * C, C, Gi);
       }
-      const T m_new = std::max(m[i], row_max(row, static_cast<int>(C)));
-      for (int64_t j = 0; j < C; ++j) row[j] -= m_new;
-      exp_nonpos(row, static_cast<int>(C));
-      const T sum = row_sum(row, static_cast<int>(C));
+      const T m_new = std::max(m[i], row_max(row, static_cast<int>(W)));
+      for (int64_t j = 0; j < W; ++j) row[j] -= m_new;
+      exp_nonpos(row, static_cast<int>(W));
+      const T sum = row_sum(row, static_cast<int>(W));
       if (m_new > m[i]) {
         T alpha = m[i] - m_new;
         exp_nonpos(&alpha, 1);
@@ -96,9 +102,12 @@ void run_task(const Args<T>& A, int64_t a, int64_t h, std::vector<T>& buf) {
       }
       den[i] += sum;
     }
-    gemm_rm<T>(R, Dv, C, S, C, false, A.vb + bh * C * Dv, Dv, false, acc, Dv, true);
-    if (A.pred[b] >= 0) {
-      gemm_rm<T>(R, D, D, state, D, false, A.pt + bh * D * D, D, false, next, D, false);
+    gemm_rm<T>(R, Dv, C, S, W, false, A.vb + bh * C * Dv, Dv, false, acc, Dv, true);
+    if (p < 0) break;
+    gemm_rm<T>(R, Dv, C, S + C, W, false, A.vb + ph * C * Dv, Dv, false, acc, Dv, true);
+    if (A.pred[p] >= 0) {
+      gemm_rm<T>(R, D, D, state, D, false, P.pp.data() + bh * D * D, D, false, next, D,
+                 false);
       state = next;
       next = next == st0 ? st1 : st0;
     }
@@ -118,14 +127,15 @@ template <typename T>
 void run_all(const Args<T>& A) {
   const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   const int64_t n_tasks = NB * H;
-  const int64_t buf_len = R * C + 2 * R * D + R * Dv + 2 * R;
+  const int64_t buf_len = R * 2 * C + 2 * R * D + R * Dv + 2 * R;
+  const PairTiles<T> P = pair_tiles(A);
   std::atomic<int64_t> counter{0};
   const int64_t n_workers =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_tasks));
   at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
     std::vector<T> buf(buf_len);
     for (int64_t t = counter++; t < n_tasks; t = counter++) {
-      run_task<T>(A, t / H, t % H, buf);
+      run_task<T>(A, P, t / H, t % H, buf);
     }
   });
 }
