@@ -6,20 +6,21 @@
 // needs no atomics. Tasks go longest sequence first from an atomic counter. With fewer
 // pairs than threads, each pair's query blocks are split over a few replicas with private
 // key-side gradients, summed at the end. The chain is walked in the forward kernel's pair
-// steps (scan_common.h): step k at key block b_k reads kk_b = [K~_b ; K~_p Pt_b^T] (2C
-// keys, C without predecessor p) and pp_b = Pt_b Pt_p. For each query block a a task runs
+// steps (scan_common.h): step k at key block b_k reads kk_b = [K~_b ; kp_b] (2C keys,
+// kp_b = K~_p Pt_b^T; C keys without predecessor p) and pp_b = Pt_b Pt_p. For each query
+// block a a task runs
 //
 //   diagonal:  P = exp(S_diag - lse), dV_a += P^T dO_a, dS = P * (dO_a V_a^T - delta)
 //              (stored as ds_diag[a]; its column sums feed the gate gradient)
 //   chain:     states st_1 = Q~_a, st_{k+1} = st_k @ pp_{b_k} along the steps (kept: one
 //              [R, D] tile per step), then for k = n .. 1 (right to left in reverse):
 //                P  = exp(st_k kk_b^T (+ gates) - lse),   [dV_b ; dV_p] += P^T dO_a
-//                dS = P * (dO_a [V_b ; V_p]^T - delta),   dkk_b += dS^T st_k
+//                dS = P * (dO_a [V_b ; V_p]^T - delta),   [dK~_b ; dkp_b] += dS^T st_k
 //                g_k = dS kk_b + g_{k+1} pp_b^T,          dpp_b += st_k^T g_{k+1}
 //              dQ~_a = g_1.
 //   last, per key block x with successor s (pred[s] = x), the pair tiles' gradients:
-//              dK~_x = dkk_x[:C] + dkk_s[C:] Pt_s
-//              dPt_x = dkk_x[C:]^T K~_p + dpp_x Pt_p^T + Pt_s^T dpp_s   (p = pred[x])
+//              dK~_x += dkp_s Pt_s
+//              dPt_x  = dkp_x^T K~_p + dpp_x Pt_p^T + Pt_s^T dpp_s   (p = pred[x])
 //
 // The tiles are recomputed in the forward kernel's order of operations, so that P here is
 // the forward's P to the last bit where the forward's lse allows it.
@@ -45,15 +46,16 @@ using namespace pathattn_cpu;
 template <typename T>
 struct BwdArgs : ScanInputs<T> {
   const T *dout, *lse, *delta;      // [NB, H, R, Dv], [NB, H, R] x 2
-  const T *kk, *pp;                 // pair tiles [NB, H, 2C, D], [NB, H, D, D]
+  const T *kp, *pp;                 // pair tiles [NB, H, C, D], [NB, H, D, D]
   T *dqt = nullptr, *ds_diag = nullptr;  // outputs, one writer per query block
-  // key side, accumulated: dkk [NB, H, 2C, D], dpp [NB, H, D, D], dv [NB, H, C, Dv],
+  // key side, accumulated: dkt and dkp [NB, H, C, D], dpp [NB, H, D, D], dv [NB, H, C, Dv],
   // dcol [NB, H, Gr, C] (nullptr without gates)
-  T *dkk = nullptr, *dpp = nullptr, *dv = nullptr, *dcol = nullptr;
+  T *dkt = nullptr, *dkp = nullptr, *dpp = nullptr, *dv = nullptr, *dcol = nullptr;
   BwdArgs(const ScanInputs<T>& in, const at::Tensor& dout_, const at::Tensor& lse_,
-          const at::Tensor& delta_, const PairTiles<T>& tiles)
+          const at::Tensor& delta_, const PairTiles& tiles)
       : ScanInputs<T>(in), dout(dout_.data_ptr<T>()), lse(lse_.data_ptr<T>()),
-        delta(delta_.data_ptr<T>()), kk(tiles.kk.data()), pp(tiles.pp.data()) {}
+        delta(delta_.data_ptr<T>()), kp(tiles.kp.data_ptr<T>()),
+        pp(tiles.pp.data_ptr<T>()) {}
 };
 
 template <typename T>
@@ -130,8 +132,10 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     const int64_t b = W.chain[k], bh = b * H + h, p = A.pred[b], ph = p * H + h;
     const int64_t Wd = step_width(A, b);
     const T* sk = st + k * R * D;
-    const T* kkb = A.kk + bh * 2 * C * D;
-    gemm_rm<T>(R, Wd, D, sk, D, false, kkb, D, true, S, Wd, false);
+    const T* ktb = A.kt + bh * C * D;
+    const T* kpb = A.kp + bh * C * D;
+    gemm_rm<T>(R, C, D, sk, D, false, ktb, D, true, S, Wd, false);
+    if (p >= 0) gemm_rm<T>(R, C, D, sk, D, false, kpb, D, true, S + C, Wd, false);
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * Wd;
       if (gated) {  // as the forward kernel
@@ -151,8 +155,12 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     }
     tile_dS<T>(S, dP, delta, R, C, Wd, gated ? A.dcol + bh * Gr * C : nullptr,
                gated && p >= 0 ? A.dcol + ph * Gr * C : nullptr);
-    gemm_rm<T>(Wd, D, R, dP, Wd, true, sk, D, false, A.dkk + bh * 2 * C * D, D, true);
-    gemm_rm<T>(R, D, Wd, dP, Wd, false, kkb, D, false, g, D, false);
+    gemm_rm<T>(C, D, R, dP, Wd, true, sk, D, false, A.dkt + bh * C * D, D, true);
+    gemm_rm<T>(R, D, C, dP, Wd, false, ktb, D, false, g, D, false);
+    if (p >= 0) {
+      gemm_rm<T>(C, D, R, dP + C, Wd, true, sk, D, false, A.dkp + bh * C * D, D, true);
+      gemm_rm<T>(R, D, C, dP + C, Wd, false, kpb, D, false, g, D, true);
+    }
     if (k + 1 < n) {  // st_{k+1} = st_k @ pp_b
       const T* ppb = A.pp + bh * D * D;
       gemm_rm<T>(R, D, D, g_next, D, false, ppb, D, true, g, D, true);
@@ -166,27 +174,25 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
 // dK~ and dPt from the pair tiles' gradients (the last formula of the header), one key
 // block per task. succ[x]: the block whose predecessor is x, or -1.
 template <typename T>
-void pair_grads(const BwdArgs<T>& A, const std::vector<int64_t>& succ, T* dkt, T* dpt) {
+void pair_grads(const BwdArgs<T>& A, const std::vector<int64_t>& succ, T* dpt) {
   const int64_t H = A.H, C = A.C, D = A.D;
   at::parallel_for(0, A.NB * H, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t x = t / H, h = t % H, p = A.pred[x], s = succ[x];
-      const T* dkk = A.dkk + t * 2 * C * D;
-      T* dk = dkt + t * C * D;
       T* dp = dpt + t * D * D;
-      std::copy(dkk, dkk + C * D, dk);
       std::fill(dp, dp + D * D, T(0));
       if (p >= 0) {
         const int64_t ph = p * H + h;
-        gemm_rm<T>(D, D, C, dkk + C * D, D, true, A.kt + ph * C * D, D, false, dp, D, true);
+        gemm_rm<T>(D, D, C, A.dkp + t * C * D, D, true, A.kt + ph * C * D, D, false, dp, D,
+                   true);
         gemm_rm<T>(D, D, D, A.dpp + t * D * D, D, false, A.pt + ph * D * D, D, true, dp, D,
                    true);
       }
       if (s >= 0) {
         const int64_t sh = s * H + h;
         const T* pts = A.pt + sh * D * D;
-        gemm_rm<T>(C, D, D, A.dkk + sh * 2 * C * D + C * D, D, false, pts, D, false, dk, D,
-                   true);
+        gemm_rm<T>(C, D, D, A.dkp + sh * C * D, D, false, pts, D, false, A.dkt + t * C * D,
+                   D, true);
         gemm_rm<T>(D, D, D, pts, D, true, A.dpp + sh * D * D, D, false, dp, D, true);
       }
     }
@@ -194,7 +200,7 @@ void pair_grads(const BwdArgs<T>& A, const std::vector<int64_t>& succ, T* dkt, T
 }
 
 template <typename T>
-void run_all(BwdArgs<T> A, T* dkt, T* dpt) {
+void run_all(BwdArgs<T> A, T* dpt) {
   const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   // the last block of every sequence: no block has it as predecessor; in scan order the
   // last blocks of longer sequences come first
@@ -212,17 +218,15 @@ void run_all(BwdArgs<T> A, T* dkt, T* dpt) {
   const int64_t n_threads = at::get_num_threads();
   const int64_t reps = n_pairs >= n_threads ? 1
       : std::max<int64_t>(1, std::min<int64_t>((n_threads + n_pairs - 1) / n_pairs, longest));
-  const int64_t sizes[4] = {NB * H * 2 * C * D, NB * H * D * D, NB * H * C * Dv,
-                            A.dcol != nullptr ? NB * R : 0};
-  std::vector<T> dkk(sizes[0], T(0)), dpp(sizes[1], T(0));
-  A.dkk = dkk.data();
-  A.dpp = dpp.data();
-  std::vector<std::vector<T>> extra(reps > 1 ? (reps - 1) * 4 : 0);
+  constexpr int kAcc = 5;  // accumulators: dkt, dkp, dpp, dv, dcol
+  const int64_t sizes[kAcc] = {NB * H * C * D, NB * H * C * D, NB * H * D * D,
+                               NB * H * C * Dv, A.dcol != nullptr ? NB * R : 0};
+  std::vector<std::vector<T>> extra(reps > 1 ? (reps - 1) * kAcc : 0);
   std::vector<BwdArgs<T>> args(reps, A);
   for (int64_t j = 1; j < reps; ++j) {
-    T** dst[4] = {&args[j].dkk, &args[j].dpp, &args[j].dv, &args[j].dcol};
-    for (int q = 0; q < 4; ++q) {
-      auto& buf = extra[(j - 1) * 4 + q];
+    T** dst[kAcc] = {&args[j].dkt, &args[j].dkp, &args[j].dpp, &args[j].dv, &args[j].dcol};
+    for (int q = 0; q < kAcc; ++q) {
+      auto& buf = extra[(j - 1) * kAcc + q];
       buf.assign(sizes[q], T(0));
       *dst[q] = sizes[q] ? buf.data() : nullptr;
     }
@@ -244,16 +248,16 @@ void run_all(BwdArgs<T> A, T* dkt, T* dpt) {
     }
   });
   if (reps > 1) {  // accumulators += replicas
-    T* outs[4] = {A.dkk, A.dpp, A.dv, A.dcol};
-    at::parallel_for(0, 4, 1, [&](int64_t q0, int64_t q1) {
+    T* outs[kAcc] = {A.dkt, A.dkp, A.dpp, A.dv, A.dcol};
+    at::parallel_for(0, kAcc, 1, [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q)
         for (int64_t j = 1; j < reps; ++j) {
-          const T* src = extra[(j - 1) * 4 + q].data();
+          const T* src = extra[(j - 1) * kAcc + q].data();
           for (int64_t e = 0; e < sizes[q]; ++e) outs[q][e] += src[e];
         }
     });
   }
-  pair_grads<T>(A, succ, dkt, dpt);
+  pair_grads<T>(A, succ, dpt);
 }
 
 // Inputs as ScanInputs (scan_common.h) plus dout [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
@@ -276,7 +280,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   TORCH_CHECK(delta.sizes() == lse.sizes(), op, ": delta shape");
   const bool gated = G.has_value();
   auto dqt = at::empty_like(qt);
-  auto dkt = at::empty_like(kt);
+  auto dkt = at::zeros_like(kt);
+  auto dkp = at::zeros_like(kt);
+  auto dpp = at::zeros_like(pt);
   auto dpt = at::empty_like(pt);
   auto ds_diag = at::empty_like(s_diag);
   auto dv = at::zeros_like(vb);
@@ -284,13 +290,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const ScanInputs<T> in(qt, kt, pt, s_diag, vb, pred, G);
-    const PairTiles<T> tiles = pair_tiles(in);
+    const PairTiles tiles = pair_tiles(in, qt.options());
     BwdArgs<T> A(in, dout, lse, delta, tiles);
     A.dqt = dqt.data_ptr<T>();
     A.ds_diag = ds_diag.data_ptr<T>();
+    A.dkt = dkt.data_ptr<T>();
+    A.dkp = dkp.data_ptr<T>();
+    A.dpp = dpp.data_ptr<T>();
     A.dv = dv.data_ptr<T>();
     A.dcol = gated ? dcol.data_ptr<T>() : nullptr;
-    run_all<T>(A, dkt.data_ptr<T>(), dpt.data_ptr<T>());
+    run_all<T>(A, dpt.data_ptr<T>());
   };
   if (dt == at::kFloat) {
     run(0.f);

@@ -5,6 +5,7 @@
 #include "common.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <optional>
 #include <vector>
@@ -83,32 +84,31 @@ inline void cross_gate_row(T* row, const double* G_b, int64_t C, double G_i) {
 // A key block costs a query block 2 C^2 D + C D^2 FLOPs forward (logits, P V, state
 // update) and 5 C^2 D + 3 C D^2 backward; pair steps halve the C D^2 terms, the state
 // updates. The pair tiles are computed once per key block, not per pair of blocks:
-//   kk[b] = [K~_b ; K~_p Pt_b^T]   [NB, H, 2C, D]   (the second half where p >= 0)
-//   pp[b] = Pt_b Pt_p              [NB, H, D, D]    (where p >= 0)
-// since state_b K~_p^T after the update state_b Pt_b is state_b (K~_p Pt_b^T)^T. A step at
-// a block without predecessor reads C keys and ends the chain (no update follows it).
-template <typename T>
+//   kp[b] = K~_p Pt_b^T   [NB, H, C, D]
+//   pp[b] = Pt_b Pt_p     [NB, H, D, D]      (both only where p >= 0; other rows unset)
+// since state_b K~_p^T after the update state_b Pt_b is state_b (K~_p Pt_b^T)^T. A step's
+// logit tile is [R, 2C]: keys of b (K~_b), then of p (kp[b]). A step at a block without
+// predecessor reads C keys and ends the chain (no update follows it).
 struct PairTiles {
-  std::vector<T> kk, pp;
+  at::Tensor kp, pp;
 };
 
 template <typename T>
-PairTiles<T> pair_tiles(const ScanInputs<T>& A) {
+PairTiles pair_tiles(const ScanInputs<T>& A, const at::TensorOptions& opt) {
   const int64_t NB = A.NB, H = A.H, C = A.C, D = A.D;
-  PairTiles<T> P;
-  P.kk.resize(NB * H * 2 * C * D);
-  P.pp.resize(NB * H * D * D);
+  PairTiles P{at::empty({NB, H, C, D}, opt), at::empty({NB, H, D, D}, opt)};
+  T* kp = P.kp.data_ptr<T>();
+  T* pp = P.pp.data_ptr<T>();
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / H, h = t % H, p = A.pred[b];
-      T* kk = P.kk.data() + t * 2 * C * D;
-      const T* ptb = A.pt + t * D * D;
-      std::copy(A.kt + t * C * D, A.kt + (t + 1) * C * D, kk);
       if (p < 0) continue;
       const int64_t ph = p * H + h;
-      gemm_rm<T>(C, D, D, A.kt + ph * C * D, D, false, ptb, D, true, kk + C * D, D, false);
-      gemm_rm<T>(D, D, D, ptb, D, false, A.pt + ph * D * D, D, false,
-                 P.pp.data() + t * D * D, D, false);
+      const T* ptb = A.pt + t * D * D;
+      gemm_rm<T>(C, D, D, A.kt + ph * C * D, D, false, ptb, D, true, kp + t * C * D, D,
+                 false);
+      gemm_rm<T>(D, D, D, ptb, D, false, A.pt + ph * D * D, D, false, pp + t * D * D, D,
+                 false);
     }
   });
   return P;

@@ -8,7 +8,7 @@
 //
 //   diagonal:  S = s_diag[a] (+ G_i - G_j), masked j <= i % C; online softmax initialised.
 //   b = pred[a], then the block two before b, ... (p = pred[b]):
-//       S      = state @ kk_b^T            [R, 2C]: keys of b, then of p (C: p < 0)
+//       S      = state @ [K~_b ; kp_b]^T   [R, 2C]: keys of b, then of p (C: p < 0)
 //                                          (+ G_i - G_j with gates)
 //       m, den, acc <- online softmax update with S, acc += P @ [V_b ; V_p]
 //       state  = state @ pp_b              (only while p has a predecessor)
@@ -45,7 +45,7 @@ struct Args : ScanInputs<T> {
 };
 
 template <typename T>
-void run_task(const Args<T>& A, const PairTiles<T>& P, int64_t a, int64_t h,
+void run_task(const Args<T>& A, const T* kp, const T* pp, int64_t a, int64_t h,
               std::vector<T>& buf) {
   const int64_t R = A.R, C = A.C, D = A.D, Dv = A.Dv, H = A.H;
   const int64_t Gr = R / C;
@@ -79,7 +79,8 @@ void run_task(const Args<T>& A, const PairTiles<T>& P, int64_t a, int64_t h,
   for (int64_t b = A.pred[a]; b >= 0; b = next_step(A, b)) {
     const int64_t bh = b * H + h, p = A.pred[b], ph = p * H + h;
     const int64_t W = step_width(A, b);
-    gemm_rm<T>(R, W, D, state, D, false, P.kk.data() + bh * 2 * C * D, D, true, S, W, false);
+    gemm_rm<T>(R, C, D, state, D, false, A.kt + bh * C * D, D, true, S, W, false);
+    if (p >= 0) gemm_rm<T>(R, C, D, state, D, false, kp + bh * C * D, D, true, S + C, W, false);
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * W;
       if (gated) {
@@ -106,7 +107,7 @@ void run_task(const Args<T>& A, const PairTiles<T>& P, int64_t a, int64_t h,
     if (p < 0) break;
     gemm_rm<T>(R, Dv, C, S + C, W, false, A.vb + ph * C * Dv, Dv, false, acc, Dv, true);
     if (A.pred[p] >= 0) {
-      gemm_rm<T>(R, D, D, state, D, false, P.pp.data() + bh * D * D, D, false, next, D,
+      gemm_rm<T>(R, D, D, state, D, false, pp + bh * D * D, D, false, next, D,
                  false);
       state = next;
       next = next == st0 ? st1 : st0;
@@ -124,18 +125,20 @@ void run_task(const Args<T>& A, const PairTiles<T>& P, int64_t a, int64_t h,
 }
 
 template <typename T>
-void run_all(const Args<T>& A) {
+void run_all(const Args<T>& A, const at::TensorOptions& opt) {
   const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   const int64_t n_tasks = NB * H;
   const int64_t buf_len = R * 2 * C + 2 * R * D + R * Dv + 2 * R;
-  const PairTiles<T> P = pair_tiles(A);
+  const PairTiles P = pair_tiles(A, opt);
+  const T* kp = P.kp.data_ptr<T>();
+  const T* pp = P.pp.data_ptr<T>();
   std::atomic<int64_t> counter{0};
   const int64_t n_workers =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_tasks));
   at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
     std::vector<T> buf(buf_len);
     for (int64_t t = counter++; t < n_tasks; t = counter++) {
-      run_task<T>(A, P, t / H, t % H, buf);
+      run_task<T>(A, kp, pp, t / H, t % H, buf);
     }
   });
 }
@@ -150,10 +153,12 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd(
   auto o = at::empty({NB, H, R, Dv}, qt.options());
   auto lse = at::empty({NB, H, R}, qt.options());
   if (qt.scalar_type() == at::kFloat) {
-    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G), o, lse));
+    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G), o, lse),
+                   qt.options());
   } else {
     run_all<double>(
-        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G), o, lse));
+        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G), o, lse),
+        qt.options());
   }
   return {o, lse};
 }
