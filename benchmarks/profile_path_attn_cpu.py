@@ -34,6 +34,7 @@ STAGES = {  # profiler event name -> stage
     "pathattn_cpu::ut_bwd": "UT transform backward",
     "aten::index_select": "gathers tokens <-> blocks",
     "aten::index_fill_": "gathers tokens <-> blocks",
+    "aten::index_copy_": "gathers tokens <-> blocks",
     "aten::copy_": "copies",
     "aten::sum": "input checks",
 }
