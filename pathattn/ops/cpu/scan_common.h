@@ -8,7 +8,6 @@
 #include <ATen/ops/empty.h>
 
 #include <optional>
-#include <vector>
 
 namespace pathattn_cpu {
 
@@ -120,7 +119,7 @@ inline int64_t step_width(const ScanInputs<T>& A, int64_t b) {
   return A.pred[b] >= 0 ? 2 * A.C : A.C;
 }
 
-// The key block after the step at b (the predecessor of its pair), or -1: chains of steps.
+// Where the step after the one at b starts: the block before b's pair, or -1.
 template <typename T>
 inline int64_t next_step(const ScanInputs<T>& A, int64_t b) {
   const int64_t p = A.pred[b];
