@@ -9,8 +9,10 @@ so none is applied by default (fla's `ShortConvolution`, used by the reference c
 to SiLU; pass activation="silu" to get that).
 
 Three paths, one per use:
-    forward(x, cu_seqlens)   training: F.conv1d with K-1 zeros on the left, or, for packed
-                             sequences, a shifted sum that restarts at every boundary;
+    forward(x, cu_seqlens)   training: F.conv1d with K-1 zeros on the left (under
+                             torch.compile the same sum of K shifted inputs, which compiles
+                             once for all lengths), or, for packed sequences, a shifted sum
+                             that restarts at every boundary;
     prefill(x, mask)         a prompt (left padding counts as zeros) and the decode state;
     step(x, state)           m >= 1 new tokens from the state (the last K-1 inputs): a
                              multiply-and-sum over each output's window (F.conv1d's
@@ -93,9 +95,28 @@ class ShortConv(nn.Module):
         if x.shape[1] == 0:
             return self._finish(x * self.weight[:, 0, -1] if self.bias is None
                                 else x * self.weight[:, 0, -1] + self.bias)
+        if torch.compiler.is_compiling():
+            return self._finish(self._shifted_sum(x))
         xc = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # [B, C, K-1+T]
         y = F.conv1d(xc, self.weight, self.bias, groups=self.channels)  # [B, C, T]
         return self._finish(y.transpose(1, 2))
+
+    def _shifted_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """`_conv` without F.conv1d: y_t = sum_k weight[:, k] * x_{t-K+1+k}, x [B, T, C] with
+        K-1 zeros on the left, summed in float32 for 16-bit x (as F.conv1d). The compiled
+        path: inductor's lowering of the convolution's backward fixes the sequence length
+        (torch 2.13), so a model compiled with dynamic shapes would compile again for every
+        length; this sum is elementwise code that it fuses for any length."""
+        T, K = x.shape[1], self.kernel_size
+        acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        xp = _cast(F.pad(x, (0, 0, K - 1, 0)), acc)  # [B, K-1+T, C]
+        weight = _cast(_cast(self.weight, x.dtype), acc)[:, 0]  # [C, K]
+        y = xp[:, :T] * weight[:, 0]
+        for k in range(1, K):
+            y = y + xp[:, k: k + T] * weight[:, k]
+        if self.bias is not None:
+            y = y + _cast(_cast(self.bias, x.dtype), acc)
+        return _cast(y, x.dtype)
 
     def _packed_conv(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         """Shifted sum sum_s weight[:, K-1-s] * x_{t-s}, each tap masked where t - s falls

@@ -40,10 +40,8 @@ def test_prefill_with_attention_mask_has_no_graph_break(attn_type):
 
 @pytest.mark.slow
 def test_training_step_compiled_matches_eager():
-    """A dense and a packed batch, compiled with dynamic=True. (torch 2.13 still
-    specialises the sequence length on this graph, through the layouts in masked_fill's
-    backward, so each new length compiles again; before the op's fake gradients and
-    `poison_rows` were made layout-plain, inductor failed outright.)"""
+    """A dense batch, a dense batch of another length (no recompile: dynamic=True compiles
+    the step for every length) and a packed batch."""
     model = _model()
     V = model.config.vocab_size
     params = tuple(model.parameters())
@@ -53,8 +51,13 @@ def test_training_step_compiled_matches_eager():
 
     torch._dynamo.reset()  # a fresh compile: earlier tests' frames do not count here
     compiled = torch.compile(loss, fullgraph=True, dynamic=True)
-    cu = torch.tensor([0, 5, 14], dtype=torch.int32)
-    for args in (_batch(2, 16, V), (*_batch(1, 14, V), cu)):
+
+    def check(args):
         want = loss_and_grads(loss, args, params)
         got = loss_and_grads(compiled, args, params)
         assert_same(got, want, rtol=1e-5, atol=1e-6)
+
+    check(_batch(2, 16, V))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        check(_batch(2, 23, V))
+    check((*_batch(1, 14, V), torch.tensor([0, 5, 14], dtype=torch.int32)))

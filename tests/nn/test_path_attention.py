@@ -215,6 +215,25 @@ def test_short_conv_steps_match_forward(bias, activation, dtype, tol):
     assert_rel(torch.cat(ys, 1).float(), want.float(), tol)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.bfloat16, 1e-2)],
+                         ids=["fp64", "bf16"])
+@pytest.mark.parametrize("K,bias", [(1, False), (3, True), (4, False)], ids=str)
+def test_short_conv_shifted_sum_matches_conv1d(K, bias, dtype, tol):
+    """The compiled path's sum of shifted inputs equals F.conv1d, forward and gradients
+    (T shorter than, equal to and longer than the kernel)."""
+    torch.manual_seed(0)
+    conv = ShortConv(6, K, bias=bias).to(dtype)
+    for T in (1, K, 11):
+        x = torch.randn(2, T, 6).to(dtype).requires_grad_()
+        got, want = conv._shifted_sum(x), conv(x)
+        assert got.dtype == want.dtype == dtype
+        assert_rel(got.float(), want.float(), tol)
+        g = torch.randn_like(want)
+        grads = [torch.autograd.grad(y, (x, *conv.parameters()), g) for y in (got, want)]
+        for a, b in zip(*grads, strict=True):
+            assert_rel(a.float(), b.float(), tol)
+
+
 def test_forget_gates_start_near_one():
     layer = PaTHAttention(HIDDEN, 4, use_forget_gate=True)
     b = layer.g_proj.bias
