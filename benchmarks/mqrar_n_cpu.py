@@ -11,7 +11,7 @@ sequences. Every option of the setting can be changed (--dim, --keys, --length, 
 One `pathattn compare` per N, in OUT/n<N>, each reused when finished and continued when
 interrupted:
 
-    python benchmarks/mqrar_n_cpu.py                              # N 1-4, 4 types, seeds 0 1
+    python benchmarks/mqrar_n_cpu.py                              # N 1-4, 4 types, seeds 0 1 2
     python benchmarks/mqrar_n_cpu.py --n-backs 1 2 &              # two cores: split the Ns
     python benchmarks/mqrar_n_cpu.py --n-backs 3 4
     python benchmarks/mqrar_n_cpu.py --summary                    # table and figure only
@@ -51,22 +51,25 @@ def command(n_back: int, args) -> tuple[list[str], Path]:
     return cmd, out
 
 
-def collect(args) -> dict:
-    """{attn: {N: spread of the final token accuracy}} over the runs found on disk; a cell
-    with no finished seed is absent."""
+def collect(args) -> tuple[dict, list[str]]:
+    """({attn: {N: spread of the final token accuracy}} over the runs found on disk, a cell
+    with no finished seed absent; one line per cell that lacks some of --seeds)."""
     seeds = [str(s) for s in args.seeds]  # JSON keys
     table: dict = {attn: {} for attn in args.attns}
+    missing = []
     for n in args.n_backs:
         path = args.out / f"n{n}" / "results.json"
-        if not path.exists():
-            continue
-        results = json.loads(path.read_text())
+        results = json.loads(path.read_text()) if path.exists() else {}
         for attn in args.attns:
             runs = results.get(attn, {}).get("seeds", {})
             acc = {s: runs[s]["val_token_acc"] for s in seeds if s in runs}
             if acc:
                 table[attn][n] = spread(acc)
-    return table
+            if len(acc) < len(seeds):
+                lost = [s for s in seeds if s not in acc]
+                missing.append(f"{attn}, N = {n}: no result for seed{'s' * (len(lost) > 1)} "
+                               f"{' '.join(lost)} in {path}")
+    return table, missing
 
 
 def _cell(s: dict | None) -> str:
@@ -76,14 +79,21 @@ def _cell(s: dict | None) -> str:
     return f"{100 * s['median']:.1f} [{100 * s['min']:.1f}, {100 * s['max']:.1f}] ({per})"
 
 
-def markdown(table: dict, args) -> str:
+def markdown(table: dict, missing: list[str], args) -> str:
+    """The table; below it the cells that lack seeds (a compare folder's results.json holds
+    the seeds of its last run: run the missing ones with all of --seeds, finished runs are
+    reused)."""
     head = "| attention | " + " | ".join(f"N = {n}" for n in args.n_backs) + " |"
     rows = [head, "|" + " --- |" * (len(args.n_backs) + 1)]
     for attn, cells in table.items():
         rows.append(f"| {attn} | " + " | ".join(_cell(cells.get(n)) for n in args.n_backs)
                     + " |")
-    return ("Token accuracy %, median [min, max] (each seed in seed order), seeds "
+    text = ("Token accuracy %, median [min, max] (each seed in seed order), seeds "
             f"{' '.join(map(str, args.seeds))}\n\n" + "\n".join(rows) + "\n")
+    if missing:
+        text += ("\nMissing (rerun with the same --seeds; finished runs are reused):\n"
+                 + "".join(f"- {m}\n" for m in missing))
+    return text
 
 
 def plot(table: dict, args, path: Path) -> None:
@@ -127,7 +137,7 @@ def main() -> None:
                    help="the Ns to run (default 1 2 3 4)")
     p.add_argument("--attns", nargs="+", default=list(ATTNS),
                    help="attention types (default path rope fox sba)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=Path("runs/mqrar_n"),
                    help="root folder, one compare folder n<N> per N (default runs/mqrar_n)")
     p.add_argument("--layers", type=int, default=2)
@@ -151,8 +161,8 @@ def main() -> None:
             cmd, out = command(n, args)
             print(f"# MQRAR-{n} -> {out}", flush=True)
             subprocess.run(cmd, cwd=ROOT, env=env, check=True)
-    table = collect(args)
-    text = markdown(table, args)
+    table, missing = collect(args)
+    text = markdown(table, missing, args)
     args.out.mkdir(parents=True, exist_ok=True)
     _write(args.out / "results.md", text)
     _write(args.out / "results.json", json.dumps(
