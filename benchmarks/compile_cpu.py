@@ -8,6 +8,11 @@ compile time (first call, forward and backward) is printed apart.
 
     python benchmarks/compile_cpu.py                                    # small, T = 1024
     python benchmarks/compile_cpu.py --preset tiny --seq-len 64 --repeats 2
+    python benchmarks/compile_cpu.py --dynamic      # dynamic shapes: also counts compiles
+
+With --dynamic the step compiles with dynamic=True and, after the timing, runs at two more
+lengths (T / 2 and 3T / 4); the script prints how many graphs were compiled in all (one:
+no length compiles again).
 """
 
 from __future__ import annotations
@@ -22,13 +27,13 @@ from _env import system_info  # benchmarks/ is on sys.path
 from pathattn.models import ATTN_TYPES, ModelConfig, PaTHLM
 
 
-def make_step(model: PaTHLM, compiled: bool):
+def make_step(model: PaTHLM, compiled: bool, dynamic: bool | None = None):
     """One training step (gradients of the loss, no optimizer) on a fixed batch."""
 
     def loss_fn(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return model(ids, labels=labels)[1]
 
-    fn = torch.compile(loss_fn, fullgraph=True) if compiled else loss_fn
+    fn = torch.compile(loss_fn, fullgraph=True, dynamic=dynamic) if compiled else loss_fn
 
     def step(ids: torch.Tensor) -> float:
         model.zero_grad(set_to_none=True)
@@ -47,6 +52,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--vocab", type=int, default=None, help="default: the preset's")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dynamic", action="store_true",
+                   help="compile with dynamic=True and count compiles over three lengths")
     args = p.parse_args()
     torch.manual_seed(0)
     over = dict(attn_type=args.attn)
@@ -56,7 +63,8 @@ def main() -> None:
     V = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, V, (args.batch_size, args.seq_len + 1), generator=gen)
-    steps = {"eager": make_step(model, False), "compiled": make_step(model, True)}
+    steps = {"eager": make_step(model, False),
+             "compiled": make_step(model, True, True if args.dynamic else None)}
     losses, first = {}, {}
     for name, step in steps.items():  # warm-up: kernel builds, compilation
         t0 = time.perf_counter()
@@ -79,6 +87,14 @@ def main() -> None:
         print(f"{name:9s} {min(t):.3f} / {statistics.median(t):.3f} s, "
               f"{tokens / min(t):,.0f} tokens/s, / eager {min(t) / min(base):.2f}x "
               f"(median {statistics.median(t) / statistics.median(base):.2f}x)")
+    if args.dynamic:
+        from torch._dynamo.utils import counters
+
+        for T in (args.seq_len // 2, 3 * args.seq_len // 4):
+            steps["compiled"](ids[:, : T + 1])
+        lengths = f"{args.seq_len}, {args.seq_len // 2} and {3 * args.seq_len // 4}"
+        print(f"dynamic=True: {counters['stats']['unique_graphs']} graph(s) compiled for "
+              f"lengths {lengths}")
 
 
 if __name__ == "__main__":
