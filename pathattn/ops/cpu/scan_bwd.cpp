@@ -130,20 +130,12 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   T* g_next = W.g_next.data();
   for (int64_t k = n - 1; k >= 0; --k) {
     const int64_t b = W.chain[k], bh = b * H + h, p = A.pred[b], ph = p * H + h;
-    const int64_t Wd = step_width(A, b);
     const T* sk = st + k * R * D;
     const T* ktb = A.kt + bh * C * D;
     const T* kpb = A.kp + bh * C * D;
-    gemm_rm<T>(R, C, D, sk, D, false, ktb, D, true, S, Wd, false);
-    if (p >= 0) gemm_rm<T>(R, C, D, sk, D, false, kpb, D, true, S + C, Wd, false);
+    const int64_t Wd = step_logits(A, A.kp, sk, a, b, h, S);  // as the forward kernel
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * Wd;
-      if (gated) {  // as the forward kernel
-        const int64_t gi = i / C;
-        const double Gi = A.G[(ah * Gr + gi) * C + i % C];
-        cross_gate_row(row, A.G + (bh * Gr + gi) * C, C, Gi);
-        if (p >= 0) cross_gate_row(row + C, A.G + (ph * Gr + gi) * C, C, Gi);
-      }
       for (int64_t j = 0; j < Wd; ++j) row[j] -= lse[i];
       exp_nonpos(row, static_cast<int>(Wd));
     }

@@ -126,4 +126,25 @@ inline int64_t next_step(const ScanInputs<T>& A, int64_t b) {
   return p >= 0 ? A.pred[p] : -1;
 }
 
+// Logits of the step at key block b for query block a (head h): S [R, W] (row stride W,
+// W = step_width) = state [R, D] @ [K~_b ; kp_b]^T, plus G_i - G_j with gates. One code
+// for both scans, so that the backward recomputes the forward's tile bit for bit.
+template <typename T>
+int64_t step_logits(const ScanInputs<T>& A, const T* kp, const T* state, int64_t a,
+                    int64_t b, int64_t h, T* S) {
+  const int64_t R = A.R, C = A.C, D = A.D, H = A.H, Gr = R / C;
+  const int64_t bh = b * H + h, p = A.pred[b], W = step_width(A, b);
+  gemm_rm<T>(R, C, D, state, D, false, A.kt + bh * C * D, D, true, S, W, false);
+  if (p >= 0) gemm_rm<T>(R, C, D, state, D, false, kp + bh * C * D, D, true, S + C, W, false);
+  if (A.G == nullptr) return W;
+  const int64_t ah = a * H + h, ph = p * H + h;
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t g = i / C;
+    const double Gi = A.G[(ah * Gr + g) * C + i % C];
+    cross_gate_row(S + i * W, A.G + (bh * Gr + g) * C, C, Gi);
+    if (p >= 0) cross_gate_row(S + i * W + C, A.G + (ph * Gr + g) * C, C, Gi);
+  }
+  return W;
+}
+
 }  // namespace pathattn_cpu

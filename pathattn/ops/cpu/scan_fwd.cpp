@@ -78,17 +78,9 @@ void run_task(const Args<T>& A, const T* kp, const T* pp, int64_t a, int64_t h,
   T* next = st0;
   for (int64_t b = A.pred[a]; b >= 0; b = next_step(A, b)) {
     const int64_t bh = b * H + h, p = A.pred[b], ph = p * H + h;
-    const int64_t W = step_width(A, b);
-    gemm_rm<T>(R, C, D, state, D, false, A.kt + bh * C * D, D, true, S, W, false);
-    if (p >= 0) gemm_rm<T>(R, C, D, state, D, false, kp + bh * C * D, D, true, S + C, W, false);
+    const int64_t W = step_logits(A, kp, state, a, b, h, S);
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * W;
-      if (gated) {
-        const int64_t g = i / C;
-        const double Gi = A.G[(ah * Gr + g) * C + i % C];
-        cross_gate_row(row, A.G + (bh * Gr + g) * C, C, Gi);
-        if (p >= 0) cross_gate_row(row + C, A.G + (ph * Gr + g) * C, C, Gi);
-      }
       const T m_new = std::max(m[i], row_max(row, static_cast<int>(W)));
       for (int64_t j = 0; j < W; ++j) row[j] -= m_new;
       exp_nonpos(row, static_cast<int>(W));
