@@ -55,6 +55,8 @@ void run_task(const Args<T>& A, const T* kp, const T* pp, int64_t a, int64_t h,
   T* acc = st1 + R * D;           // [R, Dv]
   T* m = acc + R * Dv;            // [R]
   T* den = m + R;                 // [R]
+  T* sum = den + R;               // [R]: a step's row sums
+  T* alpha = sum + R;             // [R]: a step's rescalings exp(m_old - m_new)
   const int64_t ah = a * H + h;
   const bool gated = A.G != nullptr;
 
@@ -84,16 +86,18 @@ void run_task(const Args<T>& A, const T* kp, const T* pp, int64_t a, int64_t h,
       const T m_new = std::max(m[i], row_max(row, static_cast<int>(W)));
       for (int64_t j = 0; j < W; ++j) row[j] -= m_new;
       exp_nonpos(row, static_cast<int>(W));
-      const T sum = row_sum(row, static_cast<int>(W));
-      if (m_new > m[i]) {
-        T alpha = m[i] - m_new;
-        exp_nonpos(&alpha, 1);
-        den[i] *= alpha;
+      sum[i] = row_sum(row, static_cast<int>(W));
+      alpha[i] = m[i] - m_new;
+      m[i] = m_new;
+    }
+    exp_nonpos(alpha, static_cast<int>(R));  // all rows' rescalings in one vector pass
+    for (int64_t i = 0; i < R; ++i) {
+      if (alpha[i] != T(1)) {  // the row's max moved (exp(0) is exactly 1)
+        den[i] *= alpha[i];
         T* ar = acc + i * Dv;
-        for (int64_t e = 0; e < Dv; ++e) ar[e] *= alpha;
-        m[i] = m_new;
+        for (int64_t e = 0; e < Dv; ++e) ar[e] *= alpha[i];
       }
-      den[i] += sum;
+      den[i] += sum[i];
     }
     gemm_rm<T>(R, Dv, C, S, W, false, A.vb + bh * C * Dv, Dv, false, acc, Dv, true);
     if (p < 0) break;
@@ -120,7 +124,7 @@ template <typename T>
 void run_all(const Args<T>& A, const at::TensorOptions& opt) {
   const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   const int64_t n_tasks = NB * H;
-  const int64_t buf_len = R * 2 * C + 2 * R * D + R * Dv + 2 * R;
+  const int64_t buf_len = R * 2 * C + 2 * R * D + R * Dv + 4 * R;
   const PairTiles P = pair_tiles(A, opt);
   const T* kp = P.kp.data_ptr<T>();
   const T* pp = P.pp.data_ptr<T>();
