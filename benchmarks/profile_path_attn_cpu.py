@@ -7,7 +7,9 @@ UT transform (`ut_fwd`, run again in the backward, and `ut_bwd`), the layout's g
 stages). Each is printed in ms and as a multiple of SDPA's forward + backward, so the row
 "total" is the ratio that `benchmarks/bench_path_attn_cpu.py` measures and the rows say
 what it consists of. The profile with the smallest PaTH total over --repeats is shown (and
-SDPA's smallest).
+SDPA's smallest). The fused kernels' matrix FLOPs, counted as they run, give each kernel's
+GFLOP/s and PaTH's FLOPs as a multiple of attention's: the ratio to SDPA that PaTH would
+reach if it ran at SDPA's FLOP rate with nothing else to do.
 
     python benchmarks/profile_path_attn_cpu.py                  # T 4096, H 8, D 64, fp32
     python benchmarks/profile_path_attn_cpu.py --seq-len 8192 --threads 1
@@ -46,6 +48,47 @@ def stage_times(events) -> dict[str, float]:
     for e in events:
         out[STAGES.get(e.key, "other")] += e.self_cpu_time_total / 1e3
     return dict(out)
+
+
+def attention_flops(T: int, H: int, D: int) -> tuple[float, float]:
+    """(forward, forward + backward) matrix FLOPs of causal attention, B = 1: Q K^T and P V
+    over the T (T + 1) / 2 visible pairs forward; the backward recomputes Q K^T and forms
+    dV, dP, dQ and dK (5 products)."""
+    fwd = 2 * 2 * D * H * T * (T + 1) / 2
+    return fwd, fwd * (1 + 5 / 2)
+
+
+def kernel_flops(run_path, leaves) -> dict[str, float]:
+    """{stage: GEMM FLOPs} of one PaTH forward + backward, counted by the kernels
+    (`torch.ops.pathattn_cpu.gemm_flops`), plus "forward" (a forward alone: the UT
+    transform once and the forward scan); {} without the kernels."""
+    counter = getattr(torch.ops.pathattn_cpu, "gemm_flops", None)
+    if counter is None:
+        return {}
+    counter(True)
+    with torch.no_grad():
+        path_attn(*leaves, backend="cpu")
+    fwd = sum(counter(True))
+    run_path()
+    per_kernel = counter(False)  # [scan_fwd, scan_bwd, ut_fwd, ut_bwd]
+    names = ["pathattn_cpu::scan_fwd", "pathattn_cpu::scan_bwd", "pathattn_cpu::ut_fwd",
+             "pathattn_cpu::ut_bwd"]
+    out = {STAGES[n]: float(f) for n, f in zip(names, per_kernel, strict=True)}
+    out["forward"] = float(fwd)
+    return out
+
+
+def print_floor(flops: dict[str, float], attn: tuple[float, float], sdpa_ms: float) -> None:
+    """PaTH's GEMM FLOPs against attention's, and the ratio to SDPA they imply at SDPA's own
+    FLOP rate: what the kernels would reach with SDPA's efficiency and no other cost."""
+    fwd = flops.pop("forward")
+    both = sum(flops.values())
+    rate = attn[1] / sdpa_ms / 1e6
+    print(f"\nGEMM FLOPs, PaTH / attention: forward {fwd / attn[0]:.2f}x "
+          f"({fwd / 1e9:.1f} / {attn[0] / 1e9:.1f} GFLOP), forward + backward "
+          f"{both / attn[1]:.2f}x ({both / 1e9:.1f} / {attn[1] / 1e9:.1f} GFLOP).")
+    print(f"SDPA runs attention's forward + backward at {rate:.0f} GFLOP/s; at that rate "
+          f"PaTH's GEMMs alone would take {both / attn[1]:.2f}x SDPA's time.")
 
 
 def profiled(fn) -> dict[str, float]:
@@ -89,14 +132,20 @@ def main() -> None:
         if best_sdpa is None or sum(b.values()) < sum(best_sdpa.values()):
             best_sdpa = b
     sdpa = sum(best_sdpa.values())
+    flops = kernel_flops(run_path, leaves)
     print(f"# T={T} H={H} D={D} fp32, {info['threads']} threads, {info['cpu']}, "
           f"torch {info['torch']}, load {info['loadavg_start']:.2f} -> {load_average():.2f}")
     print(f"SDPA forward + backward: {sdpa:.1f} ms\n")
-    print("| PaTH stage | ms | x SDPA fwd+bwd |\n| --- | ---: | ---: |")
+    print("| PaTH stage | ms | x SDPA fwd+bwd | GEMM GFLOP | GFLOP/s |\n"
+          "| --- | ---: | ---: | ---: | ---: |")
     for stage, ms in sorted(best_path.items(), key=lambda kv: -kv[1]):
-        print(f"| {stage} | {ms:.1f} | {ms / sdpa:.3f} |")
+        gf = flops.get(stage)
+        extra = f"{gf / 1e9:.2f} | {gf / ms / 1e6:.0f}" if gf else " | "
+        print(f"| {stage} | {ms:.1f} | {ms / sdpa:.3f} | {extra} |")
     total = sum(best_path.values())
-    print(f"| total | {total:.1f} | {total / sdpa:.3f} |")
+    print(f"| total | {total:.1f} | {total / sdpa:.3f} | | |")
+    if flops:
+        print_floor(flops, attention_flops(T, H, D), sdpa)
 
 
 if __name__ == "__main__":

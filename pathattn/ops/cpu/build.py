@@ -1,5 +1,5 @@
 """Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp, ut_fwd.cpp,
-ut_bwd.cpp; the headers common.h, scan_common.h and ut_common.h) with
+ut_bwd.cpp, and flops.cpp's FLOP counter; the headers common.h, scan_common.h and ut_common.h) with
 torch.utils.cpp_extension.
 
 The kernel is compiled on first use (about 10 to 30 s, announced by one line on stderr;
@@ -66,7 +66,8 @@ __all__ = ["load_kernels", "kernel_enabled", "build_timeout", "build_paths", "bu
            "BuildPaths"]
 
 _HERE = Path(__file__).parent
-_SOURCES = [_HERE / n for n in ("scan_fwd.cpp", "scan_bwd.cpp", "ut_fwd.cpp", "ut_bwd.cpp")]
+_SOURCES = [_HERE / n for n in ("scan_fwd.cpp", "scan_bwd.cpp", "ut_fwd.cpp", "ut_bwd.cpp",
+                                  "flops.cpp")]
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool once a build was tried, "error": its message
 

@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -25,6 +27,47 @@ namespace pathattn_cpu {
 
 inline constexpr double kExpCutoff = -64.0;  // as _EXP_CUTOFF in blockwise.py
 
+// Matrix FLOPs (2 M N K per gemm_rm), counted per kernel while counting is on (off by
+// default: one relaxed load per GEMM). Each kernel entry point holds a FlopScope, which
+// books the FLOPs done while it runs to that kernel; kernels run one at a time from the
+// caller's thread (their parallel regions end before they return), so the split is exact.
+// Read by the op gemm_flops (flops.cpp) for benchmarks/profile_path_attn_cpu.py.
+enum FlopKernel { kScanFwd = 0, kScanBwd, kUtFwd, kUtBwd, kNumFlopKernels };
+
+struct FlopCounter {
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> total{0};
+  std::array<std::atomic<int64_t>, kNumFlopKernels> per_kernel{};
+};
+
+inline FlopCounter& flop_counter() {
+  static FlopCounter counter;
+  return counter;
+}
+
+inline void count_flops(int64_t M, int64_t N, int64_t K) {
+  FlopCounter& f = flop_counter();
+  if (f.on.load(std::memory_order_relaxed))
+    f.total.fetch_add(2 * M * N * K, std::memory_order_relaxed);
+}
+
+class FlopScope {
+ public:
+  explicit FlopScope(FlopKernel k)
+      : k_(k), start_(flop_counter().total.load(std::memory_order_relaxed)) {}
+  ~FlopScope() {
+    FlopCounter& f = flop_counter();
+    f.per_kernel[k_].fetch_add(f.total.load(std::memory_order_relaxed) - start_,
+                               std::memory_order_relaxed);
+  }
+  FlopScope(const FlopScope&) = delete;
+  FlopScope& operator=(const FlopScope&) = delete;
+
+ private:
+  FlopKernel k_;
+  int64_t start_;
+};
+
 // Row-major C [M, N] = alpha op(A) [M, K] @ op(B) [K, N] (+ C when accumulate). op(A) is A
 // stored [M, K], or A^T with A stored [K, M] when a_t; likewise op(B) for b_t. lda, ldb, ldc
 // are the row strides of the stored matrices.
@@ -34,6 +77,7 @@ inline void gemm_rm(int M, int N, int K, const T* A, int lda, bool a_t, const T*
   // column-major view of the same memory: C^T [N, M] = op(B)^T [N, K] @ op(A)^T [K, M]
   const char tb = b_t ? 'T' : 'N', ta = a_t ? 'T' : 'N';
   const T beta = accumulate ? 1 : 0;
+  count_flops(M, N, K);
   if constexpr (std::is_same_v<T, float>) {
     sgemm_(&tb, &ta, &N, &M, &K, &alpha, B, &ldb, A, &lda, &beta, Cm, &ldc);
   } else {

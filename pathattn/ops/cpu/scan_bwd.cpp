@@ -260,6 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,
     const std::optional<at::Tensor>& G,
     const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta) {
+  const FlopScope flops(kScanBwd);
   const char* op = "scan_bwd";
   check_scan_inputs(op, qt, kt, pt, s_diag, vb, pred, G);
   const auto dt = qt.scalar_type();

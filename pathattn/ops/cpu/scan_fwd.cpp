@@ -144,6 +144,7 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd(
     const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,
     const std::optional<at::Tensor>& G) {
+  const FlopScope flops(kScanFwd);
   check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, G);
   const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
   auto o = at::empty({NB, H, R, Dv}, qt.options());

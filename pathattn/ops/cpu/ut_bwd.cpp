@@ -235,6 +235,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
     const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb, const at::Tensor& bb,
     double scale, int64_t sub_block, const at::Tensor& dqt, const at::Tensor& dkt,
     const at::Tensor& dpt, const at::Tensor& ds) {
+  const FlopScope flops(kUtBwd);
   const char* op = "ut_bwd";
   const auto dt = qb.scalar_type();
   const int64_t R = check_ut_inputs(op, qb, kb, wb, bb, sub_block);

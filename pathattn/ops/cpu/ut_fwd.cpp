@@ -133,6 +133,7 @@ void run_ut(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
     const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb, const at::Tensor& bb,
     double scale, int64_t sub_block) {
+  const FlopScope flops(kUtFwd);
   const char* op = "ut_fwd";
   const auto dt = qb.scalar_type();
   const int64_t R = check_ut_inputs(op, qb, kb, wb, bb, sub_block);
