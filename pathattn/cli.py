@@ -256,7 +256,8 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="train several attention types on one task",
                        description="Train one model per attention type (and seed, "
                        "--seeds) with the same options; write DIR/results.md, results.json "
-                       "and error_vs_step.png.")
+                       "and error_vs_step.png over these seeds and every other seed's "
+                       "finished run of the same options already in DIR.")
     _add_task_flag(p)
     for flag, dest, typ, help_ in TRAIN_OPTIONS:
         if dest != "attn":

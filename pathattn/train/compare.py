@@ -15,7 +15,11 @@ Run folders (`pathattn.train.run_dir`): DIR is locked for the whole comparison, 
 folder by its own run. The runs are what is protected: when one of the run folders holds
 a run, nothing trains unless resume (finished runs of the same config are reused, the
 others continued from their checkpoints) or overwrite (every run trained afresh) is given.
-The tables, JSON and plot are derived from the runs and rewritten every time.
+The tables, JSON and plot are derived from the runs and rewritten every time: the runs of
+the requested seeds, then every other seed's finished run of the same config (same
+`run_identity` but the seed) already in DIR, so that a comparison extended seed by seed
+(`--seeds 0 1`, later `--seeds 2`) reports all its seeds instead of the last command's.
+Runs of another config, or unfinished, are left out.
 
 Errors shown: the headline metric each task declares (`pathattn.tasks.TaskMetrics`), as
 an error, on each evaluation split: for flip-flop the error rates at the `r` positions of
@@ -38,12 +42,12 @@ from pathlib import Path
 from ..tasks import get_task
 from .checkpoint import atomic_write_bytes, remove_temp_files
 from .config import TrainConfig
-from .run_dir import check_sub_runs, lock_run_dir, read_jsonl
+from .run_dir import check_sub_runs, finished_metrics, lock_run_dir, read_jsonl
 from .seeds import check_seeds, seed_dir, seed_label, spread
 from .trainer import train_or_reuse
 
-__all__ = ["compare", "error_series", "markdown_table", "seed_report", "spread_table",
-           "results_markdown"]
+__all__ = ["compare", "earlier_seeds", "error_series", "markdown_table", "seed_report",
+           "spread_table", "results_markdown"]
 
 
 def error_series(metrics: dict, task: str) -> dict[str, float]:
@@ -154,13 +158,39 @@ def _plot(histories: dict[str, dict[int, list[dict]]], path: Path, task: str) ->
     plt.close(fig)
 
 
+def earlier_seeds(base: TrainConfig, attn: str, out: Path, skip: Sequence[int]
+                  ) -> dict[int, tuple[TrainConfig, dict]]:
+    """{seed: (config, final metrics)} of the finished runs of `base` with attention `attn`
+    and a seed not in `skip` already in out (in `seeds.seed_dir`'s folders), ascending."""
+    found = []
+    if base.seed not in skip and (out / attn).is_dir():
+        found.append(base.seed)
+    prefix = f"{attn}-seed"
+    for folder in out.glob(prefix + "*"):
+        tail = folder.name[len(prefix):]
+        if folder.is_dir() and tail.isdigit() and str(int(tail)) == tail:
+            seed = int(tail)
+            if seed not in skip and seed != base.seed:
+                found.append(seed)
+    runs = {}
+    for seed in sorted(found):
+        cfg = replace(base, attn=attn, seed=seed,
+                      out_dir=str(seed_dir(out, attn, seed, base.seed))).validate()
+        metrics = finished_metrics(cfg)
+        if metrics is not None:
+            runs[seed] = (cfg, metrics)
+    return runs
+
+
 def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path, *,
             seeds: Sequence[int] | None = None, resume: bool = False,
             overwrite: bool = False) -> dict[str, dict]:
     """Train `base` once per attention type in `attns` and seed in `seeds` (default
     [base.seed]; each run in its folder of out_dir, module docstring) and write the tables,
     the JSON report and the plot. Returns the report of results.json: per attention type
-    the final metrics of each seed and each error's per-seed values, median, min and max.
+    the final metrics of each seed and each error's per-seed values, median, min and max,
+    over `seeds` (in that order) and the other seeds' finished runs of the same config
+    already in out_dir (`earlier_seeds`).
     resume / overwrite: what to do with runs already in out_dir (module docstring);
     RunDirError when there are some and neither is given."""
     if not attns or len(set(attns)) != len(attns):
@@ -178,6 +208,10 @@ def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path, *,
         for (a, s), cfg in cfgs.items():
             final[a][s] = train_or_reuse(cfg, resume=resume, overwrite=overwrite)
             histories[a][s] = read_jsonl(Path(cfg.out_dir) / "eval.jsonl")
+        for a in attns:
+            for s, (cfg, metrics) in earlier_seeds(base, a, out, seeds).items():
+                final[a][s] = metrics
+                histories[a][s] = read_jsonl(Path(cfg.out_dir) / "eval.jsonl")
         report = seed_report(final, base.task)
         atomic_write_bytes(out / "results.md", results_markdown(report, base.task).encode())
         atomic_write_bytes(out / "results.json",

@@ -173,3 +173,27 @@ def test_compare_takes_model_args(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["compare", *TINY, "--model-arg", "beta_max", "--out", str(tmp_path / "x")])
     assert "--model-arg: expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_reports_cover_earlier_seeds_of_the_same_config(tmp_path):
+    """A comparison extended seed by seed reports every finished seed of its config in the
+    folder; a run of another config, or unfinished, is left out."""
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--attns", "path", "--seeds", "0", "1", "--out",
+                 str(out)]) == 0
+    first = json.loads((out / "results.json").read_text())
+    # seed 3 of another config (more steps) and an unfinished seed 4 beside them
+    other = [x if x != "4" else "6" for x in TINY]  # --steps 4 -> 6 (checkpoints at 4)
+    assert main(["train", *other, "--attn", "path", "--seed", "3", "--out",
+                 str(out / "path-seed3")]) == 0
+    (out / "path-seed4").mkdir()
+    (out / "path-seed4" / "config.json").write_text(
+        (out / "path-seed1" / "config.json").read_text().replace('"seed": 1', '"seed": 4'))
+    assert main(["compare", *TINY, "--attns", "path", "--seeds", "2", "--out",
+                 str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert list(report["path"]["seeds"]) == ["2", "0", "1"]  # requested first
+    for seed in ("0", "1"):
+        assert report["path"]["seeds"][seed] == first["path"]["seeds"][seed]
+    assert list(report["path"]["errors"]["val"]["per_seed"]) == ["2", "0", "1"]
+    assert "| path | 2 0 1 |" in (out / "results.md").read_text()
