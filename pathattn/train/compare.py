@@ -43,7 +43,7 @@ from ..tasks import get_task
 from .checkpoint import atomic_write_bytes, remove_temp_files
 from .config import TrainConfig
 from .run_dir import check_sub_runs, finished_metrics, lock_run_dir, read_jsonl
-from .seeds import check_seeds, seed_dir, seed_label, spread
+from .seeds import check_seeds, seed_dir, seed_label, seeds_on_disk, spread
 from .trainer import train_or_reuse
 
 __all__ = ["compare", "earlier_seeds", "error_series", "markdown_table", "seed_report",
@@ -162,18 +162,10 @@ def earlier_seeds(base: TrainConfig, attn: str, out: Path, skip: Sequence[int]
                   ) -> dict[int, tuple[TrainConfig, dict]]:
     """{seed: (config, final metrics)} of the finished runs of `base` with attention `attn`
     and a seed not in `skip` already in out (in `seeds.seed_dir`'s folders), ascending."""
-    found = []
-    if base.seed not in skip and (out / attn).is_dir():
-        found.append(base.seed)
-    prefix = f"{attn}-seed"
-    for folder in out.glob(prefix + "*"):
-        tail = folder.name[len(prefix):]
-        if folder.is_dir() and tail.isdigit() and str(int(tail)) == tail:
-            seed = int(tail)
-            if seed not in skip and seed != base.seed:
-                found.append(seed)
     runs = {}
-    for seed in sorted(found):
+    for seed in seeds_on_disk(out, attn, base.seed):
+        if seed in skip:
+            continue
         cfg = replace(base, attn=attn, seed=seed,
                       out_dir=str(seed_dir(out, attn, seed, base.seed))).validate()
         metrics = finished_metrics(cfg)

@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["check_seeds", "seed_dir", "spread", "seed_label"]
+__all__ = ["check_seeds", "seed_dir", "seeds_on_disk", "spread", "seed_label"]
 
 
 def check_seeds(seeds: Sequence[int] | None, default: int) -> list[int]:
@@ -49,6 +49,20 @@ def seed_dir(out: str | Path, name: str, seed: int, base_seed: int) -> Path:
     """The folder of the run `name` (e.g. "path", "path-L2") with `seed`: out/name for the
     config's own seed `base_seed`, out/name-seed<seed> for any other (module docstring)."""
     return Path(out) / (name if seed == base_seed else f"{name}-seed{seed}")
+
+
+def seeds_on_disk(out: str | Path, name: str, base_seed: int) -> list[int]:
+    """The seeds with a folder of the run `name` in out (`seed_dir`'s folders: out/name for
+    `base_seed`, out/name-seed<S>), ascending; whether a run there is finished, and of which
+    config, is for the caller to check."""
+    out = Path(out)
+    found = {base_seed} if (out / name).is_dir() else set()
+    prefix = f"{name}-seed"
+    for folder in out.glob(prefix + "*"):
+        tail = folder.name[len(prefix):]
+        if folder.is_dir() and tail.isdigit() and str(int(tail)) == tail:
+            found.add(int(tail))
+    return sorted(found)
 
 
 def seed_label(name: str, seed: int, seeds: Sequence[int]) -> str:

@@ -22,6 +22,11 @@ plus `DIR/layers.md` (tables) and `DIR/layers.json`:
         "solved_at": {"per_seed": {seed: depth or null}, "median": .., "min": .., "max": ..}}}
 (JSON turns the int seeds and depths into strings).
 
+The reports cover the seeds asked for, then every other seed whose sweep of the same
+config (same `run_identity` but the seed and depth) over the same depths is complete in
+DIR: finished runs up to its first solving depth, or at every depth. So a sweep extended
+seed by seed reports all its seeds; an incomplete sweep of another seed is left out.
+
 Run folders (`pathattn.train.run_dir`): DIR is locked for the whole sweep, each run folder
 by its own run. Any other run in a run folder the sweep needs (unfinished, or of another
 config) stops the sweep before anything trains, unless resume (unfinished runs are
@@ -38,8 +43,8 @@ from pathlib import Path
 from ..tasks import get_task
 from .checkpoint import atomic_write_bytes, remove_temp_files
 from .config import TrainConfig
-from .run_dir import check_sub_runs, lock_run_dir
-from .seeds import check_seeds, seed_dir, seed_label, spread
+from .run_dir import check_sub_runs, finished_metrics, lock_run_dir
+from .seeds import check_seeds, seed_dir, seed_label, seeds_on_disk, spread
 from .trainer import train_or_reuse
 
 __all__ = ["fewest_layers", "solve_score", "layers_table", "layers_spread_table",
@@ -81,6 +86,8 @@ def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int]
             for attn in attns:
                 per_seed[attn][s] = _sweep(cfgs, attn, s, depths, threshold, base.task,
                                            resume=resume, overwrite=overwrite)
+        for attn in attns:
+            per_seed[attn].update(_earlier_sweeps(base, attn, out, depths, threshold, seeds))
         results = {attn: {"seeds": runs, "solved_at": spread(
             {s: r["solved_at"] for s, r in runs.items()})} for attn, runs in per_seed.items()}
         atomic_write_bytes(out / "layers.json",
@@ -102,6 +109,29 @@ def _sweep(cfgs: dict, attn: str, seed: int, depths: list[int], threshold: float
         if runs[n] >= threshold:
             return {"solved_at": n, "runs": runs}
     return {"solved_at": None, "runs": runs}
+
+
+def _earlier_sweeps(base: TrainConfig, attn: str, out: Path, depths: list[int],
+                    threshold: float, skip: Sequence[int]) -> dict[int, dict]:
+    """{seed: {"solved_at", "runs"}} of the complete sweeps on disk (module docstring) of
+    `attn` with a seed not in `skip`, ascending; nothing trains."""
+    found = sorted({s for n in depths for s in seeds_on_disk(out, f"{attn}-L{n}", base.seed)
+                    if s not in skip})
+    sweeps = {}
+    for seed in found:
+        runs: dict[int, float] = {}
+        for n in depths:
+            metrics = finished_metrics(replace(base, attn=attn, layers=n, seed=seed, out_dir=str(
+                seed_dir(out, f"{attn}-L{n}", seed, base.seed))).validate())
+            if metrics is None:
+                break  # incomplete sweep
+            runs[n] = solve_score(metrics, base.task)
+            if runs[n] >= threshold:
+                sweeps[seed] = {"solved_at": n, "runs": runs}
+                break
+        else:
+            sweeps[seed] = {"solved_at": None, "runs": runs}
+    return sweeps
 
 
 def _fewest(solved_at: float | None, tried: int) -> str:

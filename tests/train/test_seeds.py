@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pathattn.train.seeds import check_seeds, seed_dir, seed_label, spread
+from pathattn.train.seeds import check_seeds, seed_dir, seed_label, seeds_on_disk, spread
 
 
 def test_check_seeds_default_and_order():
@@ -50,3 +50,14 @@ def test_spread(values, median, lo, hi):
     assert s["per_seed"] == dict(enumerate(values))
     assert s["median"] == (pytest.approx(median) if median is not None else None)
     assert (s["min"], s["max"]) == (lo, hi)
+
+
+def test_seeds_on_disk_reads_seed_dir_folders(tmp_path):
+    for name in ("path", "path-seed3", "path-seed03", "path-seedx", "path-L1-seed2",
+                 "rope-seed5"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "path-seed7").write_text("a file, not a run folder")
+    assert seeds_on_disk(tmp_path, "path", 0) == [0, 3]
+    assert seeds_on_disk(tmp_path, "path", 4) == [3, 4]  # out/path is the base seed's
+    assert seeds_on_disk(tmp_path, "path-L1", 0) == [2]
+    assert seeds_on_disk(tmp_path / "missing", "path", 0) == []

@@ -147,3 +147,24 @@ def test_bad_sweep_arguments(tmp_path):
         fewest_layers(base, ["path"], [1], tmp_path, threshold=1.5)
     with pytest.raises(ValueError, match="seeds"):
         fewest_layers(base, ["path"], [1], tmp_path, seeds=[1, 1])
+
+
+def test_sweep_reports_cover_complete_earlier_seeds(tmp_path):
+    """A sweep extended seed by seed reports every other seed whose sweep over the same
+    depths is complete on disk; an incomplete one is left out. Nothing of theirs trains."""
+    base = TrainConfig(**TINY, out_dir=str(tmp_path))
+    first = fewest_layers(base, ["path"], [1], tmp_path, threshold=1.0, seeds=[0, 1])
+    mtimes = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.json")}
+    res = fewest_layers(base, ["path"], [1], tmp_path, threshold=1.0, seeds=[2])
+    assert list(res["path"]["seeds"]) == [2, 0, 1]  # requested first
+    for s in (0, 1):
+        assert res["path"]["seeds"][s] == first["path"]["seeds"][s]
+    assert list(res["path"]["solved_at"]["per_seed"]) == [2, 0, 1]
+    # depths 1 and 2 unsolved: seeds 0 and 1 have only depth 1, an incomplete sweep
+    res = fewest_layers(base, ["path"], [1, 2], tmp_path, threshold=1.0, seeds=[2])
+    assert list(res["path"]["seeds"]) == [2]
+    # threshold 0: depth 1 solves, so seeds 0 and 1 are complete again
+    res = fewest_layers(base, ["path"], [1, 2], tmp_path, threshold=0.0, seeds=[2])
+    assert {s: r["solved_at"] for s, r in res["path"]["seeds"].items()} == {2: 1, 0: 1, 1: 1}
+    assert "| path, seed 1 |" in (tmp_path / "layers.md").read_text()
+    assert all(p.stat().st_mtime_ns == t for p, t in mtimes.items())
