@@ -339,7 +339,16 @@ def _attention(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                bias: torch.Tensor) -> torch.Tensor:
     """softmax(q K^T + bias) V (no scale): q [B, H, R, D], K [B, H, n, D], V [B, H, n, Dv],
     bias [B, H, R, n]; returns [B, H, R, Dv]. On CPU, PyTorch runs its fused flash-attention
-    kernel (float additive masks included): one pass over K and V."""
+    kernel (float additive masks included): one pass over K and V.
+
+    Under torch.compile the same softmax is spelled out, in float32 or wider: inductor's CPU
+    lowering of SDPA with a bias fails on symbolic sizes in torch 2.13 ("Exponent must be
+    non-negative"), which a decode loop gets as soon as the cache length or m changes.
+    With R = m query rows the [R, n] logits are small."""
+    if torch.compiler.is_compiling():
+        acc = torch.promote_types(q.dtype, torch.float32)
+        s = torch.matmul(q.to(acc), K.to(acc).transpose(-1, -2)) + bias.to(acc)
+        return torch.matmul(torch.softmax(s, dim=-1), V.to(acc)).to(q.dtype)
     return F.scaled_dot_product_attention(q, K, V, attn_mask=bias, scale=1.0)
 
 
