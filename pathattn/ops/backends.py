@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Backend", "register_backend", "get_backend", "backend_names", "select_backend",
-           "check_backend_name"]
+__all__ = ["Backend", "register_backend", "unregister_backend", "get_backend", "backend_names",
+           "select_backend", "check_backend_name"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,16 @@ def register_backend(backend: Backend) -> Backend:
     if backend.name == "auto" or backend.name in _REGISTRY:
         raise ValueError(f"backend name {backend.name!r} is taken")
     _REGISTRY[backend.name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> Backend:
+    """Remove the registered backend `name` (a plugin or test undoing its registration);
+    returns it, ValueError naming the registered ones when it is not registered."""
+    if name == "auto":
+        raise ValueError('backend "auto" is the selection rule, not a registered backend')
+    backend = get_backend(name)
+    del _REGISTRY[name]
     return backend
 
 

@@ -80,3 +80,25 @@ def test_registered_backend_gets_every_test():
     assert torch_ids and {name.sub("torch", i) for i in toy_ids} == torch_ids
     without = _collected({"PATHATTN_CONFORMANCE_TOY": "0"})
     assert sorted(set(ids) - toy_ids) == sorted(without)
+
+
+def test_unregister_backend_undoes_register():
+    from pathattn.ops.backends import (
+        Backend,
+        backend_names,
+        register_backend,
+        unregister_backend,
+    )
+
+    before = backend_names()
+    toy = register_backend(Backend("toy_unregister", get_backend("torch").attention,
+                                   lambda q: None, auto=lambda q: False))
+    assert backend_names() == before + ("toy_unregister",)
+    assert unregister_backend("toy_unregister") is toy
+    assert backend_names() == before
+    with pytest.raises(ValueError, match="backend must be one of"):
+        unregister_backend("toy_unregister")
+    with pytest.raises(ValueError, match="selection rule"):
+        unregister_backend("auto")
+    register_backend(toy)  # the name is free again
+    unregister_backend("toy_unregister")
