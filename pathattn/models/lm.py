@@ -132,9 +132,11 @@ def check_ids(name: str, ids, vocab_size: int) -> None:
         assert_in_graph(((ids >= 0) & (ids < vocab_size)).all(),
                         f"{name}: ids must lie in [0, vocab_size={vocab_size})")
         return
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"{name}: ids must lie in [0, vocab_size={vocab_size}), got "
-                         f"min {int(ids.min())}, max {int(ids.max())}")
+    if ids.numel():
+        lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one pass, one host read
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name}: ids must lie in [0, vocab_size={vocab_size}), got "
+                             f"min {lo}, max {hi}")
 
 
 def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> None:
