@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
     """Run `pathattn eval ppl`; a bad argument goes to `parser.error` naming the option
     (or is raised as PplError when parser is None). Returns the exit code (0)."""
-    from .ppl import evaluate_models
+    from .ppl_models import evaluate_models
 
     try:
         if args.chunk_size is not None and args.chunk_size < 0:
