@@ -11,8 +11,8 @@ to SiLU; pass activation="silu" to get that).
 Three paths, one per use:
     forward(x, cu_seqlens)   training: F.conv1d with K-1 zeros on the left (under
                              torch.compile the same sum of K shifted inputs, which compiles
-                             once for all lengths), or, for packed sequences, a shifted sum
-                             that restarts at every boundary;
+                             once for all lengths), or, for packed sequences, that sum
+                             restarting at every boundary (both round as F.conv1d);
     prefill(x, mask)         a prompt (left padding counts as zeros) and the decode state;
     step(x, state)           m >= 1 new tokens from the state (the last K-1 inputs): a
                              multiply-and-sum over each output's window (F.conv1d's
@@ -101,38 +101,44 @@ class ShortConv(nn.Module):
         y = F.conv1d(xc, self.weight, self.bias, groups=self.channels)  # [B, C, T]
         return self._finish(y.transpose(1, 2))
 
-    def _shifted_sum(self, x: torch.Tensor) -> torch.Tensor:
-        """`_conv` without F.conv1d: y_t = sum_k weight[:, k] * x_{t-K+1+k}, x [B, T, C] with
-        K-1 zeros on the left, summed in float32 for 16-bit x (as F.conv1d). The compiled
-        path: inductor's lowering of the convolution's backward fixes the sequence length
-        (torch 2.13), so a model compiled with dynamic shapes would compile again for every
-        length; this sum is elementwise code that it fuses for any length."""
+    def _shifted_sum(self, x: torch.Tensor, start: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """The convolution as a sum of K shifted inputs: y_t = sum_s weight[:, K-1-s] *
+        x_{t-s} (+ bias), x [B, T, C], a tap zero where t - s < 0 or, with start [T] (the
+        first token of t's sequence, packed inputs), where t - s < start[t].
+
+        Rounds as F.conv1d: under autocast in the autocast dtype, 16-bit inputs summed in
+        float32. Used for packed sequences, and for every input under torch.compile:
+        inductor's lowering of the convolution's backward fixes the sequence length (torch
+        2.13), so a model compiled with dynamic shapes would compile again for every length;
+        this sum is elementwise code that it fuses for any length."""
         T, K = x.shape[1], self.kernel_size
-        acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-        xp = _cast(F.pad(x, (0, 0, K - 1, 0)), acc)  # [B, K-1+T, C]
-        weight = _cast(_cast(self.weight, x.dtype), acc)[:, 0]  # [C, K]
-        y = xp[:, :T] * weight[:, 0]
-        for k in range(1, K):
-            y = y + xp[:, k: k + T] * weight[:, k]
+        dt = x.dtype
+        if dt.is_floating_point and torch.is_autocast_enabled(x.device.type):
+            dt = torch.get_autocast_dtype(x.device.type)  # conv1d runs in it
+        acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        xa = _cast(_cast(x, dt), acc)
+        weight = _cast(_cast(self.weight, dt), acc)[:, 0]  # [C, K]
+        pos = None if start is None else torch.arange(T, device=x.device)
+        y = xa * weight[:, K - 1]
+        for s in range(1, min(K, T)):
+            term = F.pad(xa, (0, 0, s, 0))[:, :T] * weight[:, K - 1 - s]  # x_{t-s} [B, T, C]
+            if pos is not None:
+                term = term * (pos - s >= start).to(acc)[None, :, None]  # [1, T, 1]
+            y = y + term
         if self.bias is not None:
-            y = y + _cast(_cast(self.bias, x.dtype), acc)
-        return _cast(y, x.dtype)
+            y = y + _cast(_cast(self.bias, dt), acc)
+        return _cast(y, dt)
 
     def _packed_conv(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-        """Shifted sum sum_s weight[:, K-1-s] * x_{t-s}, each tap masked where t - s falls
-        before the start of t's sequence."""
-        B, T, C = x.shape
+        """`_shifted_sum` restarting at every sequence start of cu_seqlens (B == 1)."""
+        B, T, _ = x.shape
         if B != 1:
             raise ValueError(f"cu_seqlens needs packed inputs with B == 1, got B={B}")
         cu = cu_seqlens.to(device=x.device, dtype=torch.long)
         pos = torch.arange(T, device=x.device)
         start = cu[torch.searchsorted(cu, pos, right=True) - 1]  # [T] start of t's sequence
-        y = x.new_zeros(B, T, C) if self.bias is None else self.bias.expand(B, T, C)
-        for s in range(min(self.kernel_size, T)):
-            keep = (pos - s >= start).to(x.dtype)[None, :, None]  # [1, T, 1]
-            shifted = F.pad(x, (0, 0, s, 0))[:, :T]  # [B, T, C]: x_{t-s}
-            y = y + shifted * keep * self.weight[:, 0, self.kernel_size - 1 - s]
-        return y
+        return self._shifted_sum(x, start)
 
     # ------------------------------------------------------------------------ inference
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathattn.nn import LayerCache, PaTHAttention, ShortConv
+from pathattn.nn import LayerCache, PaTHAttention
 from pathattn.ops import path_attn_naive
 
 from . import HIDDEN, LAYERS, assert_rel, make_layer
@@ -184,54 +184,6 @@ def test_beta_in_range(beta_max, dtype):
         layer.beta_proj.bias.fill_(1e4)
     beta = layer.beta(torch.randn(2, 8, HIDDEN, dtype=dtype))
     assert bool((beta < beta_max).all())
-
-
-def test_short_conv_packed_matches_conv1d_per_sequence():
-    conv = ShortConv(6, 3, bias=True)
-    lengths = [1, 4, 2, 6]
-    xs = [torch.randn(1, n, 6) for n in lengths]
-    cu = torch.tensor([0] + lengths).cumsum(0)
-    assert_rel(conv(torch.cat(xs, 1), cu), torch.cat([conv(x) for x in xs], 1), 1e-6)
-
-
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)],
-                         ids=["fp32", "bf16"])
-@pytest.mark.parametrize("bias,activation", [(False, None), (True, "silu")],
-                         ids=["plain", "bias_silu"])
-def test_short_conv_steps_match_forward(bias, activation, dtype, tol):
-    """Steps of 1 and 3 tokens after a prefill (a multiply-and-sum per window) equal the
-    training path's F.conv1d on the whole sequence."""
-    torch.manual_seed(0)
-    conv = ShortConv(6, 4, bias=bias, activation=activation).to(dtype)
-    x = torch.randn(2, 9, 6).to(dtype)
-    with torch.no_grad():
-        want = conv(x)
-        y, state = conv.prefill(x[:, :5])
-        ys, t = [y], 5
-        for m in (1, 3):
-            y, hist = conv.step(x[:, t:t + m], state)
-            ys.append(y)
-            state, t = hist[:, hist.shape[1] - 3:], t + m
-    assert_rel(torch.cat(ys, 1).float(), want.float(), tol)
-
-
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.bfloat16, 1e-2)],
-                         ids=["fp64", "bf16"])
-@pytest.mark.parametrize("K,bias", [(1, False), (3, True), (4, False)], ids=str)
-def test_short_conv_shifted_sum_matches_conv1d(K, bias, dtype, tol):
-    """The compiled path's sum of shifted inputs equals F.conv1d, forward and gradients
-    (T shorter than, equal to and longer than the kernel)."""
-    torch.manual_seed(0)
-    conv = ShortConv(6, K, bias=bias).to(dtype)
-    for T in (1, K, 11):
-        x = torch.randn(2, T, 6).to(dtype).requires_grad_()
-        got, want = conv._shifted_sum(x), conv(x)
-        assert got.dtype == want.dtype == dtype
-        assert_rel(got.float(), want.float(), tol)
-        g = torch.randn_like(want)
-        grads = [torch.autograd.grad(y, (x, *conv.parameters()), g) for y in (got, want)]
-        for a, b in zip(*grads, strict=True):
-            assert_rel(a.float(), b.float(), tol)
 
 
 def test_forget_gates_start_near_one():
