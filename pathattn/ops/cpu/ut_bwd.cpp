@@ -66,10 +66,10 @@ void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
   std::fill(W.dk.begin(), W.dk.end(), T(0));
   std::fill(W.dp.begin(), W.dp.end(), T(0));
 
-  // ---- key side: R_i and their reverse
+  // ---- key side: R_i for i >= 0 (R_{-1} = Pt^T is not needed) and their reverse
   std::fill(Rm(m - 1), Rm(m - 1) + D * D, T(0));
   for (int64_t e = 0; e < D; ++e) Rm(m - 1)[e * D + e] = 1;
-  for (int64_t i = m - 1; i >= 0; --i)
+  for (int64_t i = m - 1; i >= 1; --i)
     gemm_rm<T>(D, D, D, pt(i), D, true, Rm(i), D, false, Rm(i - 1), D, false);
   T* dR = W.dR.data();   // gradient of R_{i-1}
   T* dR2 = W.dR2.data();

@@ -89,24 +89,19 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
       std::memcpy(U.qt + ((nh * Gr + g) * C + i * c) * D, st, sizeof(T) * c * D);
     }
   }
-  // K~ rows of i = k~_i R_i with R_i = pt_{i+1}^T ... pt_{m-1}^T; R_{-1} = Pt^T
-  T* R = W.R.data();
-  T* R2 = W.R2.data();
-  std::fill(R, R + D * D, T(0));
-  for (int64_t e = 0; e < D; ++e) R[e * D + e] = 1;
-  for (int64_t i = m - 1; i >= 0; --i) {
-    T* out = U.kt + (nh * C + i * c) * D;
-    if (i == m - 1) {
-      std::memcpy(out, ksub(i), sizeof(T) * c * D);
-    } else {
-      gemm_rm<T>(c, D, D, ksub(i), D, false, R, D, false, out, D, false);
-    }
-    gemm_rm<T>(D, D, D, psub(i), D, true, R, D, false, R2, D, false);
-    std::swap(R, R2);
+  // K~ rows of i = k~_i R_i with R_i = pt_{i+1}^T ... pt_{m-1}^T (R_{m-1} = I: a copy),
+  // kept transposed: Rt_i = pt_{m-1} ... pt_{i+1}, Rt_{i-1} = Rt_i pt_i, Pt = Rt_{-1}
+  T* Rt = W.R.data();
+  T* Rt2 = W.R2.data();
+  std::memcpy(U.kt + (nh * C + (m - 1) * c) * D, ksub(m - 1), sizeof(T) * c * D);
+  std::memcpy(Rt, psub(m - 1), sizeof(T) * D * D);  // Rt_{m-2}
+  for (int64_t i = m - 2; i >= 0; --i) {
+    gemm_rm<T>(c, D, D, ksub(i), D, false, Rt, D, true, U.kt + (nh * C + i * c) * D, D,
+               false);
+    gemm_rm<T>(D, D, D, Rt, D, false, psub(i), D, false, Rt2, D, false);
+    std::swap(Rt, Rt2);
   }
-  T* P = U.pt + nh * D * D;  // Pt = R_{-1}^T
-  for (int64_t r = 0; r < D; ++r)
-    for (int64_t e = 0; e < D; ++e) P[r * D + e] = R[e * D + r];
+  std::memcpy(U.pt + nh * D * D, Rt, sizeof(T) * D * D);
 }
 
 template <typename T>
