@@ -101,11 +101,11 @@ class ShortConv(nn.Module):
         y = F.conv1d(xc, self.weight, self.bias, groups=self.channels)  # [B, C, T]
         return self._finish(y.transpose(1, 2))
 
-    def _shifted_sum(self, x: torch.Tensor, start: torch.Tensor | None = None
+    def _shifted_sum(self, x: torch.Tensor, since_start: torch.Tensor | None = None
                      ) -> torch.Tensor:
         """The convolution as a sum of K shifted inputs: y_t = sum_s weight[:, K-1-s] *
-        x_{t-s} (+ bias), x [B, T, C], a tap zero where t - s < 0 or, with start [T] (the
-        first token of t's sequence, packed inputs), where t - s < start[t].
+        x_{t-s} (+ bias), x [B, T, C], a tap zero where t - s < 0 or, with since_start [T]
+        (t minus the first token of t's sequence, packed inputs), where s > since_start[t].
 
         Rounds as F.conv1d: under autocast in the autocast dtype, 16-bit inputs summed in
         float32. Used for packed sequences, and for every input under torch.compile:
@@ -119,12 +119,11 @@ class ShortConv(nn.Module):
         acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
         xa = _cast(_cast(x, dt), acc)
         weight = _cast(_cast(self.weight, dt), acc)[:, 0]  # [C, K]
-        pos = None if start is None else torch.arange(T, device=x.device)
         y = xa * weight[:, K - 1]
         for s in range(1, min(K, T)):
             term = F.pad(xa, (0, 0, s, 0))[:, :T] * weight[:, K - 1 - s]  # x_{t-s} [B, T, C]
-            if pos is not None:
-                term = term * (pos - s >= start).to(acc)[None, :, None]  # [1, T, 1]
+            if since_start is not None:
+                term = term * (since_start >= s).to(acc)[None, :, None]  # [1, T, 1]
             y = y + term
         if self.bias is not None:
             y = y + _cast(_cast(self.bias, dt), acc)
@@ -138,7 +137,7 @@ class ShortConv(nn.Module):
         cu = cu_seqlens.to(device=x.device, dtype=torch.long)
         pos = torch.arange(T, device=x.device)
         start = cu[torch.searchsorted(cu, pos, right=True) - 1]  # [T] start of t's sequence
-        return self._shifted_sum(x, start)
+        return self._shifted_sum(x, pos - start)
 
     # ------------------------------------------------------------------------ inference
 

@@ -158,6 +158,12 @@ def _plot(histories: dict[str, dict[int, list[dict]]], path: Path, task: str) ->
     plt.close(fig)
 
 
+def _run_config(base: TrainConfig, out: Path, attn: str, seed: int) -> TrainConfig:
+    """The config of the run (attn, seed) of a comparison of `base` in out."""
+    return replace(base, attn=attn, seed=seed,
+                   out_dir=str(seed_dir(out, attn, seed, base.seed))).validate()
+
+
 def earlier_seeds(base: TrainConfig, attn: str, out: Path, skip: Sequence[int]
                   ) -> dict[int, tuple[TrainConfig, dict]]:
     """{seed: (config, final metrics)} of the finished runs of `base` with attention `attn`
@@ -166,8 +172,7 @@ def earlier_seeds(base: TrainConfig, attn: str, out: Path, skip: Sequence[int]
     for seed in seeds_on_disk(out, attn, base.seed):
         if seed in skip:
             continue
-        cfg = replace(base, attn=attn, seed=seed,
-                      out_dir=str(seed_dir(out, attn, seed, base.seed))).validate()
+        cfg = _run_config(base, out, attn, seed)
         metrics = finished_metrics(cfg)
         if metrics is not None:
             runs[seed] = (cfg, metrics)
@@ -189,8 +194,7 @@ def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path, *,
         raise ValueError(f"attns must be distinct attention types, got {list(attns)}")
     seeds = check_seeds(seeds, base.seed)
     out = Path(out_dir)
-    cfgs = {(a, s): replace(base, attn=a, seed=s,
-                            out_dir=str(seed_dir(out, a, s, base.seed))).validate()
+    cfgs = {(a, s): _run_config(base, out, a, s)
             for s in seeds for a in attns}  # seed by seed: a stopped comparison has pairs
     with lock_run_dir(out):
         check_sub_runs(cfgs.values(), resume=resume, overwrite=overwrite)

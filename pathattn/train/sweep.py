@@ -74,8 +74,7 @@ def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int]
         raise ValueError(f"threshold must lie in [0, 1], got {threshold!r}")
     seeds = check_seeds(seeds, base.seed)
     out = Path(out_dir)
-    cfgs = {(attn, s, n): replace(base, attn=attn, layers=n, seed=s, out_dir=str(
-                seed_dir(out, f"{attn}-L{n}", s, base.seed))).validate()
+    cfgs = {(attn, s, n): _run_config(base, out, attn, n, s)
             for s in seeds for attn in attns for n in depths}
     with lock_run_dir(out):
         check_sub_runs(cfgs.values(), resume=resume, overwrite=overwrite,
@@ -84,8 +83,10 @@ def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int]
         per_seed: dict[str, dict[int, dict]] = {attn: {} for attn in attns}
         for s in seeds:  # seed by seed: a stopped sweep has every attention type's seeds
             for attn in attns:
-                per_seed[attn][s] = _sweep(cfgs, attn, s, depths, threshold, base.task,
-                                           resume=resume, overwrite=overwrite)
+                per_seed[attn][s] = _sweep(
+                    lambda n, a=attn, s=s: train_or_reuse(
+                        cfgs[a, s, n], resume=resume, overwrite=overwrite,
+                        reuse_finished=True), depths, threshold, base.task)
         for attn in attns:
             per_seed[attn].update(_earlier_sweeps(base, attn, out, depths, threshold, seeds))
         results = {attn: {"seeds": runs, "solved_at": spread(
@@ -97,14 +98,22 @@ def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int]
     return results
 
 
-def _sweep(cfgs: dict, attn: str, seed: int, depths: list[int], threshold: float, task: str,
-           *, resume: bool, overwrite: bool) -> dict:
+def _run_config(base: TrainConfig, out: Path, attn: str, layers: int, seed: int
+                ) -> TrainConfig:
+    """The config of the run (attn, layers, seed) of a sweep of `base` in out."""
+    return replace(base, attn=attn, layers=layers, seed=seed, out_dir=str(
+        seed_dir(out, f"{attn}-L{layers}", seed, base.seed))).validate()
+
+
+def _sweep(metrics_at, depths: list[int], threshold: float, task: str) -> dict | None:
     """{"solved_at", "runs"} of one attention type and seed: depths in order, up to the
-    first that solves."""
+    first that solves; metrics_at(depth) gives a run's final metrics, or None when there
+    are none (the sweep is then incomplete: None)."""
     runs: dict[int, float] = {}
     for n in depths:
-        metrics = train_or_reuse(cfgs[attn, seed, n], resume=resume, overwrite=overwrite,
-                                 reuse_finished=True)
+        metrics = metrics_at(n)
+        if metrics is None:
+            return None
         runs[n] = solve_score(metrics, task)
         if runs[n] >= threshold:
             return {"solved_at": n, "runs": runs}
@@ -119,18 +128,10 @@ def _earlier_sweeps(base: TrainConfig, attn: str, out: Path, depths: list[int],
                     if s not in skip})
     sweeps = {}
     for seed in found:
-        runs: dict[int, float] = {}
-        for n in depths:
-            metrics = finished_metrics(replace(base, attn=attn, layers=n, seed=seed, out_dir=str(
-                seed_dir(out, f"{attn}-L{n}", seed, base.seed))).validate())
-            if metrics is None:
-                break  # incomplete sweep
-            runs[n] = solve_score(metrics, base.task)
-            if runs[n] >= threshold:
-                sweeps[seed] = {"solved_at": n, "runs": runs}
-                break
-        else:
-            sweeps[seed] = {"solved_at": None, "runs": runs}
+        sweep = _sweep(lambda n, s=seed: finished_metrics(_run_config(base, out, attn, n, s)),
+                       depths, threshold, base.task)
+        if sweep is not None:
+            sweeps[seed] = sweep
     return sweeps
 
 
