@@ -43,6 +43,13 @@ Storage: keys and values in the compute dtype (float32 for float16 / bfloat16 / 
 inputs, float64 for float64), head-major [B, H, capacity, D] buffers that double when full;
 gate cumsums G (PaTH-FoX) in float64 (as in `gates.py`: G grows without bound, only
 differences are small). Left padding is a per-row start offset: keys before it are masked.
+
+torch.compile: a decode step compiled with dynamic shapes reads the lengths as symbols. So
+that they stay symbols from token to token, the window's raw tokens live in buffers (not a
+list whose length would be guarded), every buffer keeps one spare row (a view never spans a
+whole buffer, which would be another case) and the commit is one GEMM when compiled. A
+compiled loop then needs four graphs: the first step, a plain step, one that grows the
+buffers, one that commits the window.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from .validation import batch_index
 __all__ = ["PaTHCache", "Transition", "key_transforms"]
 
 KEY_BLOCK = 64  # block length of `key_transforms` (one UT sub-block, no merging)
-COMMIT_ROWS = 4096  # rows per GEMM when committing: bounds the temporary
+COMMIT_ROWS = 4096  # rows per GEMM when committing (eager): bounds the temporary
 
 
 class Transition(NamedTuple):
@@ -149,11 +156,13 @@ class PaTHCache:
     max_pending_tokens: int = 128
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, g_cumsum: torch.Tensor | None,
-                 start: torch.Tensor, num_q_heads: int, padded: bool | None = None):
+                 start: torch.Tensor, num_q_heads: int, padded: bool | None = None,
+                 reflections: int = 1):
         """k [B, H, T, D] transformed keys k_j^(T); v [B, H, T, Dv]; g_cumsum [B, HQ, T]
         float64 or None; start [B] int64; num_q_heads HQ; padded: whether some start is > 0,
         when the caller knows (None: read from start, a host read torch.compile cannot
-        trace). Built by `path_attn_prefill`."""
+        trace); reflections: R, the reflections per token of every later step. Built by
+        `path_attn_prefill`."""
         B, H, T, D = k.shape
         self.num_q_heads = num_q_heads
         cap = _initial_capacity(T)
@@ -169,9 +178,12 @@ class PaTHCache:
         self._padded = bool((self._start > 0).any()) if padded is None else padded
         self._len = self._t0 = self._step_start = T
         self._eye = torch.eye(D, dtype=k.dtype, device=k.device)
-        self._win = k.new_empty(B, H, D + self.max_pending_tokens, D)  # [M ; window keys]
+        self.reflections = reflections
+        # [M ; window keys], and the raw k, w, beta of the window tokens (for `truncate`):
+        # buffers, not a list, so that a compiled step sees the same Python state each token
+        self._win = k.new_empty(B, H, D + self.max_pending_tokens + 1, D)
         self._win[:, :, :D] = self._eye
-        self._raw: list[tuple[torch.Tensor, ...]] = []  # (k, w, beta) of each window step
+        self._raw_k, self._raw_w, self._raw_b = self._raw_buffers(self.max_pending_tokens + 1)
         self.step_backends: set[tuple[str, torch.dtype]] = set()  # checked by path_attn_step
         self.num_grows = 0  # reallocations of the buffers (each doubles the capacity)
 
@@ -282,16 +294,18 @@ class PaTHCache:
         """[B, HQ] float64 G at the last position (zeros for an empty cache)."""
         if self._len == 0:
             return self._g.new_zeros(self._g.shape[:2])
-        return self._g[:, :, self._len - 1]
+        return self._g[:, :, self._len - 1: self._len].squeeze(2)  # a slice: no guard on T
 
     # ------------------------------------------------------------------ updates
 
     def reserve(self, n: int) -> None:
-        """Make room for n positions; a full buffer grows to max(2 * capacity, n)."""
+        """Make room for n positions; a full buffer grows to max(2 * capacity, n + 1). One
+        row is kept spare: the cache's views never span a whole buffer, so a compiled step
+        sees one relation between length and capacity (no recompile when they meet)."""
         cap = self.capacity
-        if n <= cap:
+        if n < cap:
             return
-        new_cap = max(2 * cap, n)
+        new_cap = max(2 * cap, n + 1)
         T = self._len
 
         def grow(x: torch.Tensor) -> torch.Tensor:
@@ -304,6 +318,30 @@ class PaTHCache:
             self._g = grow(self._g)
         self.num_grows += 1
 
+    def _raw_buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Empty raw k [B, H, n, D], w [B, H, n * R, D] and beta [B, H, n * R] of n window
+        tokens."""
+        B, H, _, D = self._win.shape
+        R = self.reflections
+        return (self._win.new_empty(B, H, n, D), self._win.new_empty(B, H, n * R, D),
+                self._win.new_empty(B, H, n * R))
+
+    def _window_room(self, m: int) -> None:
+        """Make room in the window buffers for m more tokens (each doubles when full)."""
+        n, D = self.window_len, self.head_dim
+        if D + n + m < self._win.shape[2]:  # one row spare, as `reserve`
+            return
+        cap = 2 * (n + m)
+        win = self._win.new_empty(self._win.shape[:2] + (D + cap, D))
+        win[:, :, : D + n] = self._win[:, :, : D + n]
+        self._win = win
+        raw = self._raw_buffers(cap)
+        olds = (self._raw_k, self._raw_w, self._raw_b)
+        per = (1, self.reflections, self.reflections)  # rows per token
+        for x, y, r in zip(raw, olds, per, strict=True):
+            x[:, :, : n * r] = y[:, :, : n * r]
+        self._raw_k, self._raw_w, self._raw_b = raw
+
     def append(self, kt: torch.Tensor, k: torch.Tensor, tr: Transition, v: torch.Tensor,
                g_cumsum: torch.Tensor | None) -> None:
         """Add a chunk of m tokens (the next step) at positions [T, T + m).
@@ -312,18 +350,23 @@ class PaTHCache:
         k [B, H, m, D] its raw keys; tr its transition (with the raw w, beta);
         v [B, H, m, Dv]; g_cumsum [B, HQ, m] float64 or None."""
         T, m, D = self._len, kt.shape[2], self.head_dim
+        R = tr.w.shape[2] // m
+        if R != self.reflections:
+            raise ValueError(
+                f"w has {R} reflections per token, but this cache was built for "
+                f"{self.reflections}: every step must use the prefill's number of reflections")
         self.reserve(T + m)
         self._v[:, :, T: T + m] = v
         if g_cumsum is not None:
             self._g[:, :, T: T + m] = g_cumsum
-        n = D + self.window_len
-        if n + m > self._win.shape[2]:
-            win = self._win.new_empty(self._win.shape[:2] + (2 * (n + m), D))
-            win[:, :, :n] = self._win[:, :, :n]
-            self._win = win
+        self._window_room(m)
+        wl = self.window_len
+        n = D + wl
         tr.apply_(self._win[:, :, :n])  # M and the window keys, both x <- x @ P
         self._win[:, :, n: n + m] = kt
-        self._raw.append((k, tr.w, tr.beta))
+        self._raw_k[:, :, wl: wl + m] = k
+        self._raw_w[:, :, wl * R: (wl + m) * R] = tr.w
+        self._raw_b[:, :, wl * R: (wl + m) * R] = tr.beta
         self._step_start, self._len = T, T + m
 
     def commit(self) -> None:
@@ -338,20 +381,22 @@ class PaTHCache:
         self._k[:, :, T0:T] = self._win[:, :, D: D + T - T0]
         self._win[:, :, :D] = self._eye
         self._t0 = T
-        self._raw = []
 
     def _commit_rows(self, T0: int) -> None:
         """K[:T0] <- K[:T0] @ M: a rank-1 update for a one-token window, else a GEMM."""
         B, H, cap, D = self._k.shape
         K = self._k.view(B * H, cap, D)
         if self.window_len == 1:  # M = H_{t,1} ... H_{t,R}, H_{t,r} = I - beta w w^T
-            _, ws, betas = self._raw[0]
-            for r in range(ws.shape[2]):
+            ws, betas = self._raw_w, self._raw_b
+            for r in range(self.reflections):
                 w = ws[:, :, r].reshape(B * H, 1, D)
                 coef = (K[:, :T0] @ w.mT).mul_(-betas[:, :, r].reshape(B * H, 1, 1))
                 K[:, :T0].baddbmm_(coef, w)  # coef [BH, T0, 1]
             return
         M = self._win[:, :, :D].reshape(B * H, D, D)
+        if torch.compiler.is_compiling():  # one GEMM: a loop over T0 would fix its value
+            K[:, :T0] = K[:, :T0] @ M
+            return
         for s in range(0, T0, COMMIT_ROWS):
             rows = K[:, s: min(T0, s + COMMIT_ROWS)]
             rows.copy_(rows @ M)
@@ -374,14 +419,11 @@ class PaTHCache:
                 "the current length)")
         if new_len == self._len:
             return
-        n, D = new_len - self._t0, self.head_dim
-        k, w, beta = (torch.cat(xs, dim=2) for xs in zip(*self._raw, strict=True))
-        R = w.shape[2] // k.shape[2]  # reflections per token
-        k, w, beta = k[:, :, :n], w[:, :, :n * R], beta[:, :, :n * R]
-        kn, M = key_transforms(k, w, beta)  # window keys and transition, rebuilt
+        n, D, R = new_len - self._t0, self.head_dim, self.reflections
+        kn, M = key_transforms(  # window keys and transition, rebuilt from the kept tokens
+            self._raw_k[:, :, :n], self._raw_w[:, :, :n * R], self._raw_b[:, :, :n * R])
         self._win[:, :, :D] = M
         self._win[:, :, D: D + n] = kn
-        self._raw = [(k, w, beta)] if n else []
         self._len = new_len
 
     def reorder(self, index: torch.Tensor) -> None:
@@ -399,6 +441,7 @@ class PaTHCache:
         if self._g is not None:
             self._g = take(self._g)
         self._win = self._win.index_select(0, index)
-        self._raw = [tuple(x.index_select(0, index) for x in r) for r in self._raw]
+        self._raw_k, self._raw_w, self._raw_b = (
+            x.index_select(0, index) for x in (self._raw_k, self._raw_w, self._raw_b))
         self._start = self._start.index_select(0, index)
         self._padded = bool((self._start > 0).any())

@@ -187,7 +187,8 @@ def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
         if mask is not None:
             g64 = g64 * mask[..., None]
         G = g64.cumsum(1).transpose(1, 2)  # [B, HQ, T]
-    return PaTHCache(kn, vh, G, start, HQ, padded=mask is not None)
+    return PaTHCache(kn, vh, G, start, HQ, padded=mask is not None,
+                     reflections=num_reflections(w))
 
 
 # ----------------------------------------------------------------------------- step

@@ -136,6 +136,39 @@ def test_prefill_and_step_compiled_match_eager():
     assert len(s_got) == len(s_want) == 17 + 3
 
 
+@pytest.mark.slow
+@torch.no_grad()
+def test_compiled_decode_loop_stops_recompiling():
+    """A compiled decode loop (fullgraph, dynamic shapes; steps of 1 to 3 tokens) matches
+    the eager loop token by token, through window commits and buffer growths. Once it has
+    met one of each, it runs on without recompiling: the cache's Python state does not
+    change from token to token."""
+    torch._dynamo.reset()
+    c_step = torch.compile(step, fullgraph=True, dynamic=True)
+    x = _no_grad(12)
+    _, s_want = prefill(*x)
+    _, s_got = prefill(*x)
+    for s in (s_want, s_got):
+        s.max_pending_tokens = 5  # a commit every few tokens
+    cap = s_got.capacity
+    sizes = [1, 1, 2, 1, 1, 3, 1]
+
+    def run(n_tokens: int) -> None:
+        i = 0
+        while n_tokens > 0:
+            m = min(sizes[i % len(sizes)], n_tokens)
+            new = _no_grad(m)
+            assert_same([c_step(*new, s_got)], [step(*new, s_want)])
+            n_tokens, i = n_tokens - m, i + 1
+
+    run(cap)  # past the first growth of the buffers
+    assert s_got.num_grows == 1
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        run(s_got.capacity - len(s_got) + 10)  # another growth, more commits
+    assert s_got.num_grows == 2
+    assert_same([s_got.v, s_got.g_cumsum], [s_want.v, s_want.g_cumsum])  # keys: via o
+
+
 @torch.no_grad()
 def test_prefill_with_attention_mask_has_no_graph_break():
     assert_no_graph_breaks(prefill_masked, *_no_grad(12), _left_padded(2, 12, (3, 0)))

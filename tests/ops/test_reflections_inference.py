@@ -122,3 +122,15 @@ def test_single_reflection_decodes_bit_for_bit():
         outs.append((o, _steps(inputs, state, 20, 30), state.k))
     for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
+
+
+def test_step_with_other_reflection_count_raises():
+    """The cache keeps the window tokens' reflections for `truncate`, R per token: a step
+    with another R is refused before the cache changes."""
+    _, state = path_attn_prefill(*make_reflection_inputs(1, 10, 2, 1, 8, 8, 2))
+    with pytest.raises(ValueError, match="3 reflections per token, but this cache was built "
+                                         "for 2"):
+        path_attn_step(*make_reflection_inputs(1, 1, 2, 1, 8, 8, 3), state=state)
+    assert len(state) == 10
+    path_attn_step(*make_reflection_inputs(1, 1, 2, 1, 8, 8, 2), state=state)
+    assert len(state) == 11
