@@ -1,5 +1,6 @@
 """Fused C++ kernels for the CPU: the forward and backward scans and the UT transform with
-its gradient (built just in time; see `build`)."""
+its gradient (built just in time; see `build`), and the memory they keep for reuse
+(`workspace`)."""
 
 from .build import kernel_enabled, load_kernels
 from .scan import (
@@ -11,7 +12,9 @@ from .scan import (
     scan_forward,
 )
 from .ut import fused_block_ut, fused_ut_applies, ut_backward, ut_forward
+from .workspace import WorkspaceInfo, release_workspace, set_workspace_limit, workspace_info
 
 __all__ = ["kernel_enabled", "load_kernels", "fused_forward_scan", "fused_backward_scan",
            "fused_scan_applies", "predecessors", "scan_forward", "scan_backward",
-           "fused_block_ut", "fused_ut_applies", "ut_forward", "ut_backward"]
+           "fused_block_ut", "fused_ut_applies", "ut_forward", "ut_backward",
+           "WorkspaceInfo", "workspace_info", "set_workspace_limit", "release_workspace"]

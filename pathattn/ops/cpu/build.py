@@ -1,6 +1,6 @@
 """Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp, ut_fwd.cpp,
-ut_bwd.cpp, and flops.cpp's FLOP counter; the headers common.h, scan_common.h and ut_common.h) with
-torch.utils.cpp_extension.
+ut_bwd.cpp, flops.cpp's FLOP counter and workspace.cpp's reusable memory; the headers
+common.h, scan_common.h, ut_common.h and workspace.h) with torch.utils.cpp_extension.
 
 The kernel is compiled on first use (about 10 to 30 s, announced by one line on stderr;
 cached under torch's extension directory, TORCH_EXTENSIONS_DIR) for the instruction set
@@ -67,7 +67,7 @@ __all__ = ["load_kernels", "kernel_enabled", "build_timeout", "build_paths", "bu
 
 _HERE = Path(__file__).parent
 _SOURCES = [_HERE / n for n in ("scan_fwd.cpp", "scan_bwd.cpp", "ut_fwd.cpp", "ut_bwd.cpp",
-                                  "flops.cpp")]
+                                  "flops.cpp", "workspace.cpp")]
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool once a build was tried, "error": its message
 

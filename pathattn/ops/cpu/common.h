@@ -2,6 +2,8 @@
 // exp for non-positive arguments with blockwise.py's cutoff, row reductions, input checks.
 #pragma once
 
+#include "workspace.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 

@@ -272,14 +272,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   TORCH_CHECK(lse.sizes() == at::IntArrayRef({NB, H, R}), op, ": lse shape");
   TORCH_CHECK(delta.sizes() == lse.sizes(), op, ": delta shape");
   const bool gated = G.has_value();
-  auto dqt = at::empty_like(qt);
-  auto dkt = at::zeros_like(kt);
-  auto dkp = at::zeros_like(kt);
-  auto dpp = at::zeros_like(pt);
-  auto dpt = at::empty_like(pt);
-  auto ds_diag = at::empty_like(s_diag);
-  auto dv = at::zeros_like(vb);
-  auto dcol = gated ? at::zeros(G->sizes(), qt.options()) : at::empty({0}, qt.options());
+  auto dqt = workspace_like(qt);
+  auto dkt = workspace_zeros_like(kt);
+  auto dkp = workspace_zeros_like(kt);
+  auto dpp = workspace_zeros_like(pt);
+  auto dpt = workspace_like(pt);
+  auto ds_diag = workspace_like(s_diag);
+  auto dv = workspace_zeros_like(vb);
+  auto dcol = gated ? workspace_zeros(G->sizes(), qt.options()) : at::empty({0}, qt.options());
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const ScanInputs<T> in(qt, kt, pt, s_diag, vb, pred, G);

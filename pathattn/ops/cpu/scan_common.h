@@ -95,7 +95,7 @@ struct PairTiles {
 template <typename T>
 PairTiles pair_tiles(const ScanInputs<T>& A, const at::TensorOptions& opt) {
   const int64_t NB = A.NB, H = A.H, C = A.C, D = A.D;
-  PairTiles P{at::empty({NB, H, C, D}, opt), at::empty({NB, H, D, D}, opt)};
+  PairTiles P{workspace_empty({NB, H, C, D}, opt), workspace_empty({NB, H, D, D}, opt)};
   T* kp = P.kp.data_ptr<T>();
   T* pp = P.pp.data_ptr<T>();
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {

@@ -147,8 +147,8 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd(
   const FlopScope flops(kScanFwd);
   check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, G);
   const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
-  auto o = at::empty({NB, H, R, Dv}, qt.options());
-  auto lse = at::empty({NB, H, R}, qt.options());
+  auto o = workspace_empty({NB, H, R, Dv}, qt.options());
+  auto lse = workspace_empty({NB, H, R}, qt.options());
   if (qt.scalar_type() == at::kFloat) {
     run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G), o, lse),
                    qt.options());

@@ -250,8 +250,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
   TORCH_CHECK(dpt.sizes() == at::IntArrayRef({NB, H, D, D}), op, ": dpt shape");
   TORCH_CHECK(ds.sizes() == at::IntArrayRef({NB, H, Gr * C, C}), op, ": ds shape");
   std::vector<at::Tensor> ins = {qb, kb, wb, bb, dqt, dkt, dpt, ds};
-  std::vector<at::Tensor> outs = {at::empty_like(qb), at::empty_like(kb), at::empty_like(wb),
-                                  at::empty_like(bb)};
+  std::vector<at::Tensor> outs = {workspace_like(qb), workspace_like(kb), workspace_like(wb),
+                                  workspace_like(bb)};
   if (dt == at::kFloat) {
     run_ut_bwd<float>(ins, outs, scale, c, R);
   } else {

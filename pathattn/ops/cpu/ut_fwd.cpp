@@ -134,10 +134,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
   const int64_t R = check_ut_inputs(op, qb, kb, wb, bb, sub_block);
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
   const int64_t D = qb.size(4), c = sub_block;
-  auto qt = at::empty({NB, H, Gr * C, D}, qb.options());
-  auto kt = at::empty({NB, H, C, D}, qb.options());
-  auto pt = at::empty({NB, H, D, D}, qb.options());
-  auto s = at::empty({NB, H, Gr * C, C}, qb.options());
+  auto qt = workspace_empty({NB, H, Gr * C, D}, qb.options());
+  auto kt = workspace_empty({NB, H, C, D}, qb.options());
+  auto pt = workspace_empty({NB, H, D, D}, qb.options());
+  auto s = workspace_empty({NB, H, Gr * C, C}, qb.options());
   if (dt == at::kFloat) {
     run_ut<float>(qb, kb, wb, bb, qt, kt, pt, s, scale, c, R);
   } else {
