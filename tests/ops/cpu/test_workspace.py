@@ -21,10 +21,13 @@ pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not
 
 
 @pytest.fixture(autouse=True)
-def _restore_limit():
+def _restore_settings():
+    """Each test starts unpoisoned (tests/ops/conftest.py poisons the workspace) and leaves
+    the limit and the poisoning as it found them."""
     limit = workspace_info().limit_bytes
+    poisoned = torch.ops.pathattn_cpu.workspace_poison(False)
     yield
-    torch.ops.pathattn_cpu.workspace_poison(False)
+    torch.ops.pathattn_cpu.workspace_poison(poisoned)
     set_workspace_limit(limit)
 
 
