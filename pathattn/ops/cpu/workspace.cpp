@@ -20,43 +20,56 @@
 namespace pathattn_cpu {
 namespace {
 
+struct Block {
+  int64_t bytes;
+  void* ptr;
+};
+
 struct Workspace {
   std::mutex mu;
-  std::list<std::pair<int64_t, void*>> free;  // (bytes, block), most recently freed first
-  int64_t cached = 0;                         // bytes in `free`
-  int64_t limit = int64_t{1} << 30;           // at most this many cached bytes (1 GiB)
+  std::list<Block> free;             // most recently freed first
+  int64_t cached = 0;                // bytes in `free`
+  int64_t limit = int64_t{1} << 30;  // at most this many cached bytes (1 GiB)
   int64_t hits = 0, misses = 0;
-  std::atomic<bool> poison{false};  // fill every block handed out with NaN (a test of the kernels)
+  std::atomic<bool> poison{false};   // every block handed out NaN-filled (tests)
 
-  void* take(int64_t bytes) {
+  // A block of at least `bytes`: the smallest cached one of at most twice that size (the
+  // most recently freed among equals; the same shapes find their own blocks again, other
+  // lengths reuse them), else a new one.
+  Block take(int64_t bytes) {
     {
       const std::lock_guard<std::mutex> lock(mu);
+      auto best = free.end();
       for (auto it = free.begin(); it != free.end(); ++it) {
-        if (it->first == bytes) {
-          void* p = it->second;
-          free.erase(it);
-          cached -= bytes;
-          ++hits;
-          return p;
-        }
+        if (it->bytes >= bytes && it->bytes <= 2 * bytes &&
+            (best == free.end() || it->bytes < best->bytes))
+          best = it;
+      }
+      if (best != free.end()) {
+        const Block b = *best;
+        free.erase(best);
+        cached -= b.bytes;
+        ++hits;
+        return b;
       }
       ++misses;
     }
     constexpr int64_t kAlign = 64;  // a cache line (and an AVX-512 vector)
-    void* p = std::aligned_alloc(kAlign, static_cast<size_t>((bytes + kAlign - 1) / kAlign * kAlign));
-    TORCH_CHECK(p != nullptr, "pathattn workspace: out of memory allocating ", bytes, " bytes");
-    return p;
+    const int64_t padded = (bytes + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, static_cast<size_t>(padded));
+    TORCH_CHECK(p != nullptr, "pathattn workspace: out of memory (", bytes, " bytes)");
+    return {bytes, p};
   }
 
-  void give(void* p, int64_t bytes) {
+  void give(Block b) {
     std::vector<void*> drop;
     {
       const std::lock_guard<std::mutex> lock(mu);
-      free.emplace_front(bytes, p);
-      cached += bytes;
+      free.push_front(b);
+      cached += b.bytes;
       while (cached > limit && !free.empty()) {
-        drop.push_back(free.back().second);
-        cached -= free.back().first;
+        drop.push_back(free.back().ptr);
+        cached -= free.back().bytes;
         free.pop_back();
       }
     }
@@ -68,8 +81,8 @@ struct Workspace {
     {
       const std::lock_guard<std::mutex> lock(mu);
       while (cached > keep && !free.empty()) {
-        drop.push_back(free.back().second);
-        cached -= free.back().first;
+        drop.push_back(free.back().ptr);
+        cached -= free.back().bytes;
         free.pop_back();
       }
     }
@@ -93,8 +106,8 @@ at::Tensor workspace_empty(at::IntArrayRef sizes, const at::TensorOptions& opt) 
   if (bytes < kMinPooledBytes) {
     t = at::empty(sizes, opt);
   } else {
-    void* p = workspace().take(bytes);
-    t = at::from_blob(p, sizes, [bytes](void* q) { workspace().give(q, bytes); },
+    const Block b = workspace().take(bytes);
+    t = at::from_blob(b.ptr, sizes, [b](void*) { workspace().give(b); },
                       opt.device(at::kCPU));
   }
   if (workspace().poison) t.fill_(std::numeric_limits<double>::quiet_NaN());

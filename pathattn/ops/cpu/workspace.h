@@ -1,13 +1,14 @@
 // Workspace of the fused CPU kernels: tensors whose memory is kept for reuse when freed.
 //
-// The kernels and the op around them allocate the same large temporaries at every call (the
-// UT transform's outputs, the pair tiles, the backward's accumulators, the block copies of
-// the inputs). From the system allocator each is fresh memory: glibc maps a large block anew
-// and returns it to the kernel when freed, so every page is faulted in (and zeroed by the
-// kernel) again at each call, which costs as much as a pass over the data. Blocks of at least
-// kMinPooledBytes freed by such tensors go to a cache instead and serve the next request of
-// the same size (every layer of a model asks for the same sizes). The cache holds at most
-// `limit` bytes of free blocks (oldest freed dropped first); `workspace_release` frees them.
+// The kernels allocate the same large temporaries at every call (the UT transform's outputs,
+// the pair tiles, the scans' outputs and accumulators). From the system allocator each is
+// fresh memory: glibc maps a large block anew and returns it to the kernel when freed, so
+// every page is faulted in (and zeroed by the kernel) again at each call, which costs about
+// as much as a pass over the data. Blocks of at least kMinPooledBytes freed by such tensors
+// go to a cache instead and serve later requests of their size or up to half of it (every
+// layer of a model asks for the same sizes; other sequence lengths reuse them too). The
+// cache holds at most `limit` bytes of free blocks (oldest freed dropped first);
+// `workspace_release` frees them.
 #pragma once
 
 #include <ATen/core/Tensor.h>

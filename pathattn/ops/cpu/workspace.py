@@ -5,8 +5,10 @@ the pair tiles of the scans, the backward's accumulators). Taken from the system
 allocator, each is fresh memory whose pages the operating system faults in and zeroes
 again at each call; at T = 4096 that is tens of MB per forward + backward and costs about
 as much as a pass over the data. The kernels therefore take blocks of 128 KiB and more
-from a cache of blocks freed by earlier calls (exact sizes: every layer of a model and
-every step of a run asks for the same ones), and a freed block goes back to the cache.
+from a cache of blocks freed by earlier calls (the smallest cached block of the requested
+size up to twice it: every layer of a model and every step of a run asks for the same
+sizes, and other sequence lengths reuse them too), and a freed block goes back to the
+cache.
 
 The cache holds at most `limit_bytes` of free blocks (1 GiB by default; beyond it the
 oldest freed blocks go back to the system). It never holds memory a live tensor uses: it

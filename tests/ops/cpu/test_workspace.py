@@ -98,3 +98,21 @@ def test_release_leaves_live_tensors_alone():
 def test_set_workspace_limit_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="n_bytes must be an int >= 0"):
         set_workspace_limit(bad)
+
+
+def test_a_smaller_request_reuses_a_cached_block():
+    """Best fit up to twice the size: a shorter sequence takes the longer one's blocks; a
+    request of less than half a cached block does not."""
+    release_workspace()
+    x = torch.ops.pathattn_cpu.workspace_empty([1000, 100], torch.float32)  # 400 kB
+    del x
+    before = workspace_info()
+    y = torch.ops.pathattn_cpu.workspace_empty([600, 100], torch.float32)  # 240 kB: fits
+    mid = workspace_info()
+    assert (mid.hits, mid.misses) == (before.hits + 1, before.misses)
+    assert mid.cached_bytes == 0
+    del y
+    z = torch.ops.pathattn_cpu.workspace_empty([400, 100], torch.float32)  # 160 kB: < half
+    after = workspace_info()
+    assert (after.hits, after.misses) == (mid.hits, mid.misses + 1)
+    del z
