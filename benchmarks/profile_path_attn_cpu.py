@@ -9,7 +9,8 @@ stages). Each is printed in ms and as a multiple of SDPA's forward + backward, s
 what it consists of. The profile with the smallest PaTH total over --repeats is shown (and
 SDPA's smallest). The fused kernels' matrix FLOPs, counted as they run, give each kernel's
 GFLOP/s and PaTH's FLOPs as a multiple of attention's: the ratio to SDPA that PaTH would
-reach if it ran at SDPA's FLOP rate with nothing else to do.
+reach if it ran at SDPA's FLOP rate with nothing else to do. Last, the page faults of one
+forward + backward of each (fresh memory the operating system maps and zeroes).
 
     python benchmarks/profile_path_attn_cpu.py                  # T 4096, H 8, D 64, fp32
     python benchmarks/profile_path_attn_cpu.py --seq-len 8192 --threads 1
@@ -20,6 +21,7 @@ Run it on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
+import resource
 from collections import defaultdict
 
 import torch
@@ -91,6 +93,17 @@ def print_floor(flops: dict[str, float], attn: tuple[float, float], sdpa_ms: flo
           f"PaTH's GEMMs alone would take {both / attn[1]:.2f}x SDPA's time.")
 
 
+def page_faults(fn, repeats: int) -> int:
+    """The fewest minor page faults of one call of fn over `repeats` calls (memory the
+    allocator took fresh from the operating system and touched)."""
+    counts = []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        fn()
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return min(counts)
+
+
 def profiled(fn) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
@@ -133,6 +146,7 @@ def main() -> None:
             best_sdpa = b
     sdpa = sum(best_sdpa.values())
     flops = kernel_flops(run_path, leaves)
+    faults = page_faults(run_path, args.repeats), page_faults(run_sdpa, args.repeats)
     print(f"# T={T} H={H} D={D} fp32, {info['threads']} threads, {info['cpu']}, "
           f"torch {info['torch']}, load {info['loadavg_start']:.2f} -> {load_average():.2f}")
     print(f"SDPA forward + backward: {sdpa:.1f} ms\n")
@@ -144,6 +158,9 @@ def main() -> None:
         print(f"| {stage} | {ms:.1f} | {ms / sdpa:.3f} | {extra} |")
     total = sum(best_path.values())
     print(f"| total | {total:.1f} | {total / sdpa:.3f} | | |")
+    print(f"\nMinor page faults per forward + backward (fewest of {args.repeats}): PaTH "
+          f"{faults[0]}, SDPA {faults[1]} (the kernels' workspace, `pathattn.ops.cpu."
+          "workspace_info()`, keeps their own temporaries mapped)")
     if flops:
         print_floor(flops, attention_flops(T, H, D), sdpa)
 
