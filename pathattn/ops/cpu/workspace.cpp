@@ -62,18 +62,14 @@ struct Workspace {
   }
 
   void give(Block b) {
-    std::vector<void*> drop;
+    int64_t keep;
     {
       const std::lock_guard<std::mutex> lock(mu);
       free.push_front(b);
       cached += b.bytes;
-      while (cached > limit && !free.empty()) {
-        drop.push_back(free.back().ptr);
-        cached -= free.back().bytes;
-        free.pop_back();
-      }
+      keep = limit;
     }
-    for (void* q : drop) std::free(q);
+    trim(keep);
   }
 
   void trim(int64_t keep) {  // free the oldest blocks until at most `keep` bytes are cached
