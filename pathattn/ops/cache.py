@@ -150,7 +150,8 @@ class PaTHCache:
     `len(cache)` == `cache.seq_len` == T. `reorder(index)` and `truncate(new_len)` edit it
     in place; `max_pending_tokens` (default 128) is the size of the pending window.
     `step_backends`: the (backend, dtype) pairs `path_attn_step` has checked for this cache,
-    so that it checks each once, not at every token.
+    so that it checks each once, not at every token. `reflections`: R, the reflections per
+    token of the prefill, which every step must use too.
     """
 
     max_pending_tokens: int = 128
