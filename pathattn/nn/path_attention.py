@@ -458,8 +458,12 @@ class PaTHAttention(AttentionProjections):
         v = v.view(B, m, self.num_kv_heads, self.head_dim)  # [B, m, H, D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        beta = self._split_beta((self.beta_max * torch.sigmoid(gates[0])).clamp_max_(
-            strict_cap_value(self.beta_max, gates[0].dtype)))  # as strict_cap
+        beta = self.beta_max * torch.sigmoid(gates[0])
+        if torch.compiler.is_compiling():  # the bound as a tensor: no host read in a graph
+            beta = strict_cap(beta, self.beta_max)
+        else:
+            beta = beta.clamp_max_(strict_cap_value(self.beta_max, beta.dtype))  # the same
+        beta = self._split_beta(beta)
         g = F.logsigmoid(gates[1]) if self.g_proj is not None else None
         return q, k, v, u, beta, g
 

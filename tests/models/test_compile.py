@@ -38,6 +38,18 @@ def test_prefill_with_attention_mask_has_no_graph_break(attn_type):
     assert_no_graph_breaks(lambda ids, mask: model.prefill(ids, mask)[0], ids, mask)
 
 
+@pytest.mark.parametrize("attn_type", ["path_fox", "rope"])
+@torch.no_grad()
+def test_decode_has_no_graph_break(attn_type):
+    """A decode step of the model (projections, beta's strict cap, the short conv's step,
+    the attention step) traces as one graph."""
+    model = _model(attn_type).eval()
+    ids, _ = _batch(2, 12, model.config.vocab_size)
+    _, cache = model.prefill(ids)
+    new, _ = _batch(2, 1, model.config.vocab_size)
+    assert_no_graph_breaks(lambda ids: model.decode(ids, cache), new)
+
+
 @pytest.mark.slow
 def test_training_step_compiled_matches_eager():
     """A dense batch, a dense batch of another length (no recompile: dynamic=True compiles
