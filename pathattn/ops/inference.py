@@ -224,7 +224,9 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
     """
     _check_step(q, k, v, w, beta, g, state, scale)
     key = (backend, q.dtype) if isinstance(backend, str) else None
-    if key not in state.step_backends:  # checked once per cache and dtype
+    if torch.compiler.is_compiling():  # traced into guards: no cost per token, no new state
+        select_backend(backend, q)
+    elif key not in state.step_backends:  # checked once per cache and dtype
         select_backend(backend, q)
         state.step_backends.add(key)
     B, m, HQ, D = q.shape
