@@ -112,7 +112,7 @@ at::Tensor workspace_empty(at::IntArrayRef sizes, const at::TensorOptions& opt) 
 
 at::Tensor workspace_zeros(at::IntArrayRef sizes, const at::TensorOptions& opt) {
   at::Tensor t = workspace_empty(sizes, opt);
-  std::memset(t.data_ptr(), 0, t.nbytes());
+  if (t.nbytes() > 0) std::memset(t.data_ptr(), 0, t.nbytes());
   return t;
 }
 
