@@ -134,6 +134,13 @@ def key_transforms(k: torch.Tensor, w: torch.Tensor,
     return kn.view(B, H, nb * C, D)[:, :, :n], M
 
 
+def _grown(x: torch.Tensor, rows: int, keep: int) -> torch.Tensor:
+    """x [B, H, n, ...] -> [B, H, rows, ...]: its first `keep` rows, zeros after."""
+    y = x.new_zeros(x.shape[:2] + (rows,) + x.shape[3:])
+    y[:, :, :keep] = x[:, :, :keep]
+    return y
+
+
 def _initial_capacity(T: int) -> int:
     return max(64, T + max(64, T // 8))
 
@@ -306,17 +313,10 @@ class PaTHCache:
         cap = self.capacity
         if n < cap:
             return
-        new_cap = max(2 * cap, n + 1)
-        T = self._len
-
-        def grow(x: torch.Tensor) -> torch.Tensor:
-            y = x.new_zeros(x.shape[:2] + (new_cap,) + x.shape[3:])
-            y[:, :, :T] = x[:, :, :T]
-            return y
-
-        self._k, self._v = grow(self._k), grow(self._v)
+        new_cap, T = max(2 * cap, n + 1), self._len
+        self._k, self._v = _grown(self._k, new_cap, T), _grown(self._v, new_cap, T)
         if self._g is not None:
-            self._g = grow(self._g)
+            self._g = _grown(self._g, new_cap, T)
         self.num_grows += 1
 
     def _raw_buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -332,16 +332,11 @@ class PaTHCache:
         n, D = self.window_len, self.head_dim
         if D + n + m < self._win.shape[2]:  # one row spare, as `reserve`
             return
-        cap = 2 * (n + m)
-        win = self._win.new_empty(self._win.shape[:2] + (D + cap, D))
-        win[:, :, : D + n] = self._win[:, :, : D + n]
-        self._win = win
-        raw = self._raw_buffers(cap)
-        olds = (self._raw_k, self._raw_w, self._raw_b)
-        per = (1, self.reflections, self.reflections)  # rows per token
-        for x, y, r in zip(raw, olds, per, strict=True):
-            x[:, :, : n * r] = y[:, :, : n * r]
-        self._raw_k, self._raw_w, self._raw_b = raw
+        cap, R = 2 * (n + m), self.reflections
+        self._win = _grown(self._win, D + cap, D + n)
+        self._raw_k = _grown(self._raw_k, cap, n)
+        self._raw_w = _grown(self._raw_w, cap * R, n * R)
+        self._raw_b = _grown(self._raw_b, cap * R, n * R)
 
     def append(self, kt: torch.Tensor, k: torch.Tensor, tr: Transition, v: torch.Tensor,
                g_cumsum: torch.Tensor | None) -> None:
