@@ -48,9 +48,11 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
         cu_seqlens: optional int tensor [N + 1] of packed sequence boundaries (B must be 1,
             FlashAttention convention). No attention and no Householder product crosses a
             boundary.
-        block_size: block length C of the blockwise algorithm, at most 1024 (default 128;
-            the longest sequence rounded up to a multiple of 16 when that is shorter; the
-            UT transform itself runs on sub-blocks of at most 64 tokens). With
+        block_size: block length C of the blockwise algorithm, at most 1024 (default 128,
+            256 on the fused CPU kernels once the longest sequence has 4096 tokens
+            (`pathattn.ops.cpu.kernel_block_size`); the longest sequence rounded up to a
+            multiple of 16 when that is shorter; the UT transform itself runs on
+            sub-blocks of at most 64 tokens). With
             backend="triton": a power of two in [16, 128], default the largest whose
             kernels fit the device's shared memory (`pathattn.ops.triton.config`).
         backend: "auto", or a registered backend: "cpu" (the blockwise algorithm with
@@ -138,13 +140,27 @@ def keys_backend(backend: str, q: torch.Tensor, what: str = "path_attn_with_keys
 
 
 def blockwise_layout(q: torch.Tensor, cu_seqlens: torch.Tensor | None,
-                     block_size: int | None) -> BlockLayout:
+                     block_size: int | None, kernels: bool = False) -> BlockLayout:
     """The block layout of the blockwise backends for q [B, T, ...] (B * T > 0): blocks of
-    `block_size` tokens (default DEFAULT_BLOCK_SIZE), fewer when every sequence is shorter
-    (`default_block_size`)."""
+    `block_size` tokens, fewer when every sequence is shorter (`default_block_size`).
+    Without `block_size`: DEFAULT_BLOCK_SIZE, or, where the fused CPU kernels run
+    (kernels=True and q on the CPU), `pathattn.ops.cpu.kernel_block_size` of the longest
+    sequence."""
     B, T = q.shape[:2]
-    C = default_block_size(T, cu_seqlens, block_size or DEFAULT_BLOCK_SIZE)
+    largest = block_size or DEFAULT_BLOCK_SIZE
+    if block_size is None and kernels and q.device.type == "cpu":
+        from .cpu import kernel_block_size
+
+        largest = kernel_block_size(longest_sequence(T, cu_seqlens))
+    C = default_block_size(T, cu_seqlens, largest)
     return make_layout(B, T, C, cu_seqlens, q.device)
+
+
+def longest_sequence(T: int, cu_seqlens: torch.Tensor | None = None) -> int:
+    """Tokens in the longest sequence: T, or the largest gap of cu_seqlens."""
+    if cu_seqlens is None or cu_seqlens.numel() < 2:
+        return T
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
 
 
 def default_block_size(T: int, cu_seqlens: torch.Tensor | None = None,
@@ -152,6 +168,5 @@ def default_block_size(T: int, cu_seqlens: torch.Tensor | None = None,
     """`largest` (DEFAULT_BLOCK_SIZE), or less for short sequences: the longest sequence
     rounded up to a multiple of 16 (every sequence is padded to whole blocks, so a 10-token
     sequence in a 128-token block would cost 12x its work)."""
-    longest = T if cu_seqlens is None or cu_seqlens.numel() < 2 else \
-        int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    longest = longest_sequence(T, cu_seqlens)
     return min(largest, max(16, -(-longest // 16) * 16))

@@ -23,3 +23,39 @@ def test_default_block_size_fits_short_sequences():
     inputs = make_inputs(2, 20, 4, 2, 64, 64)
     torch.testing.assert_close(path_attn(*inputs), path_attn(*inputs, block_size=128),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_fused_kernels_take_longer_blocks_for_long_sequences():
+    """Without block_size, the fused CPU kernels ("cpu") run blocks of 256 tokens once the
+    longest sequence has LONG_BLOCK_FROM (4096) tokens; the PyTorch backend, an explicit
+    block_size and shorter sequences keep theirs."""
+    from pathattn.ops.cpu import LONG_BLOCK_FROM, kernel_block_size
+    from pathattn.ops.path_attn import blockwise_layout
+
+    assert LONG_BLOCK_FROM == 4096
+    assert kernel_block_size(4095) == 128 and kernel_block_size(4096) == 256
+    q = torch.zeros(1, 4096, 1, 8)
+    assert blockwise_layout(q, None, None, kernels=True).C == 256
+    assert blockwise_layout(q, None, None, kernels=False).C == 128
+    assert blockwise_layout(q, None, 64, kernels=True).C == 64
+    assert blockwise_layout(q[:, :4000], None, None, kernels=True).C == 128
+    # packed: the longest sequence decides
+    cu = torch.tensor([0, 96, 4096])
+    assert blockwise_layout(q, cu, None, kernels=True).C == 128
+    cu = torch.tensor([0, 4096, 4096 + 50])
+    assert blockwise_layout(torch.zeros(1, 4146, 1, 8), cu, None, kernels=True).C == 256
+
+
+def test_long_blocks_change_nothing_but_rounding():
+    """path_attn on the fused kernels over 4096 tokens (blocks of 256) against blocks of
+    128, forward and every gradient, in float64."""
+    inputs = [x.requires_grad_() for x in
+              make_inputs(1, 4096, 2, 1, 16, 16, gates=True, dtype=torch.float64)]
+    outs = []
+    for block_size in (None, 128):
+        o = path_attn(*inputs, backend="cpu", block_size=block_size)
+        grads = torch.autograd.grad((o * o.detach().roll(1, 1)).sum(), inputs)
+        outs.append((o, *grads))
+    assert not torch.equal(outs[0][0], outs[1][0])  # other blocks: other roundings
+    for a, b in zip(*outs, strict=True):
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-12

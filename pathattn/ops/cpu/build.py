@@ -346,7 +346,7 @@ def _register_fake() -> None:
     """Shapes of the kernel's outputs for fake tensors (torch.compile, meta tracing)."""
 
     @torch.library.register_fake("pathattn_cpu::scan_fwd")
-    def _(qt, kt, pt, s_diag, vb, pred, G):
+    def _(qt, kt, pt, s_diag, vb, pred, G, group=4):
         NB, H, R, _ = qt.shape
         return qt.new_empty(NB, H, R, vb.shape[-1]), qt.new_empty(NB, H, R)
 
@@ -362,7 +362,7 @@ def _register_fake() -> None:
                 torch.empty_like(bb))
 
     @torch.library.register_fake("pathattn_cpu::scan_bwd")
-    def _(qt, kt, pt, s_diag, vb, pred, G, dout, lse, delta):
+    def _(qt, kt, pt, s_diag, vb, pred, G, dout, lse, delta, group=4):
         dcol = qt.new_empty(G.shape) if G is not None else qt.new_empty(0)
         return (torch.empty_like(qt), torch.empty_like(kt), torch.empty_like(pt),
                 torch.empty_like(s_diag), torch.empty_like(vb), dcol)

@@ -4,6 +4,8 @@ otherwise. Same arguments, same results."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..blockwise import ScanGrads, backward_scan, block_growth, forward_scan
@@ -13,7 +15,23 @@ from ..ut import BlockUT
 from .build import load_kernels
 
 __all__ = ["scan_forward", "scan_backward", "fused_forward_scan", "fused_backward_scan",
-           "predecessors", "fused_scan_applies"]
+           "predecessors", "fused_scan_applies", "scan_group", "kernel_block_size",
+           "LONG_BLOCK_FROM"]
+
+# Largest logit tile [R, group * C] the kernels aim for, in entries: 768 KiB of float32.
+_GROUP_TILE = 3 * 65536
+# The fused kernels' default block: 256 tokens from this sequence length on, else 128.
+LONG_BLOCK_FROM = 4096
+
+
+def kernel_block_size(longest: int) -> int:
+    """Default block size of the fused CPU kernels for a longest sequence of `longest`
+    tokens: 128, or 256 from LONG_BLOCK_FROM tokens on. Larger blocks halve the scans'
+    state updates ([D, D] products per key block) and cost more in the UT transform and
+    the diagonal blocks, whose work grows with C per token; measured on 2 cores at
+    H = 8, D = 64, 256 is the faster block from T = 4096 on, 128 below
+    (`benchmarks/bench_path_attn_cpu.py --block-size`)."""
+    return 256 if longest >= LONG_BLOCK_FROM else 128
 
 
 def predecessors(lay: BlockLayout) -> torch.Tensor:
@@ -32,10 +50,28 @@ def fused_scan_applies(qt: torch.Tensor, kernels: bool = True) -> bool:
             and qt.dtype in (torch.float32, torch.float64) and load_kernels())
 
 
-def fused_forward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None):
-    """The fused kernel. Shapes as `forward_scan`; s_diag is only read. Returns o [NB, H, R,
-    Dv] and lse [NB, H, R]."""
-    return torch.ops.pathattn_cpu.scan_fwd(*_kernel_args(lay, qt, kt, pt, s_diag, vb, gates))
+def scan_group(R: int, C: int, n_max: int) -> int:
+    """Key blocks per step of the fused scans for R query rows, blocks of C keys and
+    sequences of at most n_max blocks. Each step moves the query state past all its g
+    blocks with one [D, D] product, so that the state updates cost n^2 / (2 g) products
+    per sequence of n blocks, while the group tiles cost about g products per block: the
+    sum is least at g = sqrt(n / 2). That, rounded, within [2, 4], and at most what keeps
+    the step's [R, g C] logit tile within 3 * 2^16 entries (768 KiB of float32)."""
+    best = round(math.sqrt(max(n_max, 1) / 2))
+    return max(2, min(4, best, _GROUP_TILE // max(1, R * C)))
+
+
+def fused_forward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,
+                       group: int | None = None):
+    """The fused kernel. Shapes as `forward_scan`; s_diag is only read; group: key blocks
+    per step (default `scan_group`; any value in [1, 8] gives the same numbers up to
+    rounding). Returns o [NB, H, R, Dv] and lse [NB, H, R]."""
+    return torch.ops.pathattn_cpu.scan_fwd(*_kernel_args(lay, qt, kt, pt, s_diag, vb, gates),
+                                           _group(lay, qt, kt, group))
+
+
+def _group(lay, qt, kt, group):
+    return scan_group(qt.shape[2], kt.shape[2], lay.n_max) if group is None else group
 
 
 def _kernel_args(lay, qt, kt, pt, s_diag, vb, gates):
@@ -56,13 +92,13 @@ def scan_forward(lay: BlockLayout, ut: BlockUT, vb, gates: BlockGates | None, wb
 
 
 def fused_backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGates | None,
-                        do, lse, delta) -> ScanGrads:
+                        do, lse, delta, group: int | None = None) -> ScanGrads:
     """The fused backward kernel. Arguments and result as `blockwise.backward_scan`;
-    s_diag is only read."""
+    s_diag is only read; group as `fused_forward_scan`."""
     dt = qt.dtype
     dqt, dkt, dpt, ds_diag, dv, dcol = torch.ops.pathattn_cpu.scan_bwd(
         *_kernel_args(lay, qt, kt, pt, s_diag, vb, gates), do.to(dt).contiguous(),
-        lse.to(dt).contiguous(), delta.to(dt).contiguous())
+        lse.to(dt).contiguous(), delta.to(dt).contiguous(), _group(lay, qt, kt, group))
     return ScanGrads(dqt, dkt, dpt, ds_diag, dv, None if gates is None else dcol)
 
 

@@ -5,22 +5,21 @@
 // (sequence, KV head) pair: it is the only writer of that pair's key-side gradients and
 // needs no atomics. Tasks go longest sequence first from an atomic counter. With fewer
 // pairs than threads, each pair's query blocks are split over a few replicas with private
-// key-side gradients, summed at the end. The chain is walked in the forward kernel's pair
-// steps (scan_common.h): step k at key block b_k reads kk_b = [K~_b ; kp_b] (2C keys,
-// kp_b = K~_p Pt_b^T; C keys without predecessor p) and pp_b = Pt_b Pt_p. For each query
-// block a a task runs
+// key-side gradients, summed at the end. The chain is walked in the forward kernel's group
+// steps (scan_common.h): the step at key block b reads kk[b][:n] (the keys of its blocks
+// x_0 = b, ..., x_{n-1}) and pg[b]. For each query block a a task runs
 //
 //   diagonal:  P = exp(S_diag - lse), dV_a += P^T dO_a, dS = P * (dO_a V_a^T - delta)
 //              (stored as ds_diag[a]; its column sums feed the gate gradient)
-//   chain:     states st_1 = Q~_a, st_{k+1} = st_k @ pp_{b_k} along the steps (kept: one
+//   chain:     states st_1 = Q~_a, st_{k+1} = st_k @ pg_{b_k} along the steps (kept: one
 //              [R, D] tile per step), then for k = n .. 1 (right to left in reverse):
-//                P  = exp(st_k kk_b^T (+ gates) - lse),   [dV_b ; dV_p] += P^T dO_a
-//                dS = P * (dO_a [V_b ; V_p]^T - delta),   [dK~_b ; dkp_b] += dS^T st_k
-//                g_k = dS kk_b + g_{k+1} pp_b^T,          dpp_b += st_k^T g_{k+1}
+//                P  = exp(st_k kk_b^T (+ gates) - lse),   dV_x += P_x^T dO_a (each x)
+//                dS = P * (dO_a [V_x0 ; ...]^T - delta),  dkk_b += dS^T st_k
+//                g_k = dS kk_b + g_{k+1} pg_b^T,          dpg_b += st_k^T g_{k+1}
 //              dQ~_a = g_1.
-//   last, per key block x with successor s (pred[s] = x), the pair tiles' gradients:
-//              dK~_x += dkp_s Pt_s
-//              dPt_x  = dkp_x^T K~_p + dpp_x Pt_p^T + Pt_s^T dpp_s   (p = pred[x])
+//   last, the group tiles' gradients, back through kk[b][k] = K~_{x_k} M_k^T and the
+//   products M_{k+1} = M_k Pt_{x_k}, pg[b] = M_n (group_grads): each step block x_k of b
+//   receives dK~ (dkk_b[k] M_k) and dPt terms, gathered per block in a second pass.
 //
 // The tiles are recomputed in the forward kernel's order of operations, so that P here is
 // the forward's P to the last bit where the forward's lse allows it.
@@ -46,16 +45,16 @@ using namespace pathattn_cpu;
 template <typename T>
 struct BwdArgs : ScanInputs<T> {
   const T *dout, *lse, *delta;      // [NB, H, R, Dv], [NB, H, R] x 2
-  const T *kp, *pp;                 // pair tiles [NB, H, C, D], [NB, H, D, D]
+  const T *kk, *pg;                 // group tiles [NB, H, g, C, D], [NB, H, D, D]
   T *dqt = nullptr, *ds_diag = nullptr;  // outputs, one writer per query block
-  // key side, accumulated: dkt and dkp [NB, H, C, D], dpp [NB, H, D, D], dv [NB, H, C, Dv],
+  // key side, accumulated: dkk [NB, H, g, C, D], dpg [NB, H, D, D], dv [NB, H, C, Dv],
   // dcol [NB, H, Gr, C] (nullptr without gates)
-  T *dkt = nullptr, *dkp = nullptr, *dpp = nullptr, *dv = nullptr, *dcol = nullptr;
+  T *dkk = nullptr, *dpg = nullptr, *dv = nullptr, *dcol = nullptr;
   BwdArgs(const ScanInputs<T>& in, const at::Tensor& dout_, const at::Tensor& lse_,
-          const at::Tensor& delta_, const PairTiles& tiles)
+          const at::Tensor& delta_, const GroupTiles& tiles)
       : ScanInputs<T>(in), dout(dout_.data_ptr<T>()), lse(lse_.data_ptr<T>()),
-        delta(delta_.data_ptr<T>()), kp(tiles.kp.data_ptr<T>()),
-        pp(tiles.pp.data_ptr<T>()) {}
+        delta(delta_.data_ptr<T>()), kk(tiles.kk.data_ptr<T>()),
+        pg(tiles.pg.data_ptr<T>()) {}
 };
 
 template <typename T>
@@ -64,21 +63,20 @@ struct Work {  // per-thread scratch
   std::vector<int64_t> chain;
 };
 
-// dS = P * (dP - delta_i) in place of dP, rows of W entries; also the gate column sums of
-// the first C columns into dcol_b [Gr, C] and of the next C into dcol_p (when W = 2C).
+// dS = P * (dP - delta_i) in place of dP, rows of W = n C entries; also the gate column
+// sums of the k-th C columns into dcol[k] [Gr, C] (when dcol is not null).
 template <typename T>
 void tile_dS(const T* P, T* dP, const T* delta, int64_t R, int64_t C, int64_t W,
-             T* dcol_b, T* dcol_p) {
+             T* const* dcol) {
   for (int64_t i = 0; i < R; ++i) {
     const T di = delta[i];
     const T* p = P + i * W;
     T* d = dP + i * W;
     for (int64_t j = 0; j < W; ++j) d[j] = p[j] * (d[j] - di);
-    if (dcol_b != nullptr) {
+    if (dcol != nullptr) {
       const int64_t off = (i / C) * C;
-      for (int64_t j = 0; j < C; ++j) dcol_b[off + j] += d[j];
-      if (W > C)
-        for (int64_t j = 0; j < C; ++j) dcol_p[off + j] += d[C + j];
+      for (int64_t k = 0; k * C < W; ++k)
+        for (int64_t j = 0; j < C; ++j) dcol[k][off + j] += d[k * C + j];
     }
   }
 }
@@ -106,10 +104,11 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   }
   gemm_rm<T>(C, Dv, R, S, C, true, dO, Dv, false, A.dv + ah * C * Dv, Dv, true);
   gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + ah * C * Dv, Dv, true, dP, C, false);
-  tile_dS<T>(S, dP, delta, R, C, C, gated ? A.dcol + ah * Gr * C : nullptr, nullptr);
+  T* dcol_a[1] = {gated ? A.dcol + ah * Gr * C : nullptr};
+  tile_dS<T>(S, dP, delta, R, C, C, gated ? dcol_a : nullptr);
   std::memcpy(A.ds_diag + ah * R * C, dP, sizeof(T) * R * C);
 
-  // ---- chain of pair steps and the query states met along it
+  // ---- chain of group steps and the query states met along it
   W.chain.clear();
   for (int64_t b = A.pred[a]; b >= 0; b = next_step(A, b)) W.chain.push_back(b);
   const int64_t n = static_cast<int64_t>(W.chain.size());
@@ -122,77 +121,122 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   T* st = W.states.data();
   std::memcpy(st, A.qt + ah * R * D, sizeof(T) * R * D);
   for (int64_t k = 0; k + 1 < n; ++k) {
-    const T* ppb = A.pp + (W.chain[k] * H + h) * D * D;
-    gemm_rm<T>(R, D, D, st + k * R * D, D, false, ppb, D, false, st + (k + 1) * R * D, D,
+    const T* pgb = A.pg + (W.chain[k] * H + h) * D * D;
+    gemm_rm<T>(R, D, D, st + k * R * D, D, false, pgb, D, false, st + (k + 1) * R * D, D,
                false);
   }
+  const int64_t g_ = A.group;
   T* g = W.g.data();
   T* g_next = W.g_next.data();
   for (int64_t k = n - 1; k >= 0; --k) {
-    const int64_t b = W.chain[k], bh = b * H + h, p = A.pred[b], ph = p * H + h;
+    const int64_t b = W.chain[k], bh = b * H + h;
+    int64_t x[kMaxGroup];
+    const int64_t nb = step_blocks(A, b, x);
     const T* sk = st + k * R * D;
-    const T* ktb = A.kt + bh * C * D;
-    const T* kpb = A.kp + bh * C * D;
-    const int64_t Wd = step_logits(A, A.kp, sk, a, b, h, S);  // as the forward kernel
+    const T* kkb = A.kk + bh * g_ * C * D;
+    const int64_t Wd = step_logits(A, A.kk, sk, a, h, x, nb, S);  // as the forward kernel
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * Wd;
       for (int64_t j = 0; j < Wd; ++j) row[j] -= lse[i];
       exp_nonpos(row, static_cast<int>(Wd));
     }
-    gemm_rm<T>(C, Dv, R, S, Wd, true, dO, Dv, false, A.dv + bh * C * Dv, Dv, true);
-    gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + bh * C * Dv, Dv, true, dP, Wd, false);
-    if (p >= 0) {
-      gemm_rm<T>(C, Dv, R, S + C, Wd, true, dO, Dv, false, A.dv + ph * C * Dv, Dv, true);
-      gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + ph * C * Dv, Dv, true, dP + C, Wd, false);
+    T* dcol[kMaxGroup];
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t xh = x[j] * H + h;
+      gemm_rm<T>(C, Dv, R, S + j * C, Wd, true, dO, Dv, false, A.dv + xh * C * Dv, Dv, true);
+      gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + xh * C * Dv, Dv, true, dP + j * C, Wd,
+                 false);
+      dcol[j] = gated ? A.dcol + xh * Gr * C : nullptr;
     }
-    tile_dS<T>(S, dP, delta, R, C, Wd, gated ? A.dcol + bh * Gr * C : nullptr,
-               gated && p >= 0 ? A.dcol + ph * Gr * C : nullptr);
-    gemm_rm<T>(C, D, R, dP, Wd, true, sk, D, false, A.dkt + bh * C * D, D, true);
-    gemm_rm<T>(R, D, C, dP, Wd, false, ktb, D, false, g, D, false);
-    if (p >= 0) {
-      gemm_rm<T>(C, D, R, dP + C, Wd, true, sk, D, false, A.dkp + bh * C * D, D, true);
-      gemm_rm<T>(R, D, C, dP + C, Wd, false, kpb, D, false, g, D, true);
-    }
-    if (k + 1 < n) {  // st_{k+1} = st_k @ pp_b
-      const T* ppb = A.pp + bh * D * D;
-      gemm_rm<T>(R, D, D, g_next, D, false, ppb, D, true, g, D, true);
-      gemm_rm<T>(D, D, R, sk, D, true, g_next, D, false, A.dpp + bh * D * D, D, true);
+    tile_dS<T>(S, dP, delta, R, C, Wd, gated ? dcol : nullptr);
+    gemm_rm<T>(Wd, D, R, dP, Wd, true, sk, D, false, A.dkk + bh * g_ * C * D, D, true);
+    gemm_rm<T>(R, D, Wd, dP, Wd, false, kkb, D, false, g, D, false);
+    if (k + 1 < n) {  // st_{k+1} = st_k @ pg_b
+      const T* pgb = A.pg + bh * D * D;
+      gemm_rm<T>(R, D, D, g_next, D, false, pgb, D, true, g, D, true);
+      gemm_rm<T>(D, D, R, sk, D, true, g_next, D, false, A.dpg + bh * D * D, D, true);
     }
     std::swap(g, g_next);
   }
   std::memcpy(dq, g_next, sizeof(T) * R * D);
 }
 
-// dK~ and dPt from the pair tiles' gradients (the last formula of the header), one key
-// block per task. succ[x]: the block whose predecessor is x, or -1.
+// dK~ and dPt from the group tiles' gradients dkk and dpg, in two passes over the key
+// blocks. First, per step block b (blocks x_0 = b, ..., x_{n-1}), back through
+// pg[b] = M_n, M_{k+1} = M_k Pt_{x_k} and kk[b][k] = K~_{x_k} M_k^T (k >= 1):
+//   dM_n = dpg_b (0 when no block precedes x_{n-1}), then for k = n-1 .. 1:
+//     share_b[k] = M_k^T dM_{k+1} (0 when M_{k+1} was not formed),
+//     dM_k = dM_{k+1} Pt_{x_k}^T + dkk_b[k]^T K~_{x_k},  dkk_b[k] <- dkk_b[k] M_k,
+//   share_b[0] = dM_1.
+// Then per block x, with s_k = succ^k(x) (s_0 = x; x is step block k of s_k's step):
+//   dK~_x = sum_k dkk_{s_k}[k],   dPt_x = sum_k share_{s_k}[k].
 template <typename T>
-void pair_grads(const BwdArgs<T>& A, const std::vector<int64_t>& succ, T* dpt) {
-  const int64_t H = A.H, C = A.C, D = A.D;
+void group_grads(const BwdArgs<T>& A, const std::vector<int64_t>& succ, T* dkt, T* dpt,
+                 T* share) {
+  const int64_t H = A.H, C = A.C, D = A.D, g = A.group;
+  at::parallel_for(0, A.NB * H, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> Ms(g * D * D), dM(D * D), dM2(D * D), tmp(C * D);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / H, h = t % H;
+      int64_t x[kMaxGroup];
+      const int64_t n = step_blocks(A, b, x);
+      const bool follows = A.pred[x[n - 1]] >= 0;
+      T* sh = share + t * g * D * D;
+      // M_k (k = 1 .. n - 1) in Ms[k], as group_tiles forms them
+      if (n > 1) std::memcpy(Ms.data() + D * D, A.pt + t * D * D, sizeof(T) * D * D);
+      for (int64_t k = 1; k + 1 < n; ++k)
+        gemm_rm<T>(D, D, D, Ms.data() + k * D * D, D, false, A.pt + (x[k] * H + h) * D * D,
+                   D, false, Ms.data() + (k + 1) * D * D, D, false);
+      T* dm = dM.data();   // dM_{k+1}
+      T* dm2 = dM2.data();
+      if (follows) {
+        std::memcpy(dm, A.dpg + t * D * D, sizeof(T) * D * D);
+      } else {
+        std::fill(dm, dm + D * D, T(0));
+      }
+      T* dkkb = A.dkk + t * g * C * D;
+      for (int64_t k = n - 1; k >= 1; --k) {
+        const int64_t xh = x[k] * H + h;
+        const T* Mk = Ms.data() + k * D * D;
+        const T* ptx = A.pt + xh * D * D;
+        const bool formed = k + 1 < n || follows;  // M_{k+1} = M_k Pt_{x_k} was formed
+        if (formed) {
+          gemm_rm<T>(D, D, D, Mk, D, true, dm, D, false, sh + k * D * D, D, false);
+          gemm_rm<T>(D, D, D, dm, D, false, ptx, D, true, dm2, D, false);
+        } else {
+          std::fill(sh + k * D * D, sh + (k + 1) * D * D, T(0));
+          std::fill(dm2, dm2 + D * D, T(0));
+        }
+        T* dkx = dkkb + k * C * D;
+        gemm_rm<T>(D, D, C, dkx, D, true, A.kt + xh * C * D, D, false, dm2, D, true);
+        gemm_rm<T>(C, D, D, dkx, D, false, Mk, D, false, tmp.data(), D, false);
+        std::memcpy(dkx, tmp.data(), sizeof(T) * C * D);
+        std::swap(dm, dm2);
+      }
+      std::memcpy(sh, dm, sizeof(T) * D * D);  // dM_1 = dPt_b's share
+    }
+  });
   at::parallel_for(0, A.NB * H, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t x = t / H, h = t % H, p = A.pred[x], s = succ[x];
+      const int64_t x = t / H, h = t % H;
+      T* dk = dkt + t * C * D;
       T* dp = dpt + t * D * D;
-      std::fill(dp, dp + D * D, T(0));
-      if (p >= 0) {
-        const int64_t ph = p * H + h;
-        gemm_rm<T>(D, D, C, A.dkp + t * C * D, D, true, A.kt + ph * C * D, D, false, dp, D,
-                   true);
-        gemm_rm<T>(D, D, D, A.dpp + t * D * D, D, false, A.pt + ph * D * D, D, true, dp, D,
-                   true);
-      }
-      if (s >= 0) {
+      std::memcpy(dk, A.dkk + t * g * C * D, sizeof(T) * C * D);
+      std::memcpy(dp, share + t * g * D * D, sizeof(T) * D * D);
+      int64_t s = succ[x];
+      for (int64_t k = 1; k < g && s >= 0; ++k, s = succ[s]) {
         const int64_t sh = s * H + h;
-        const T* pts = A.pt + sh * D * D;
-        gemm_rm<T>(C, D, D, A.dkp + sh * C * D, D, false, pts, D, false, A.dkt + t * C * D,
-                   D, true);
-        gemm_rm<T>(D, D, D, pts, D, true, A.dpp + sh * D * D, D, false, dp, D, true);
+        const T* src_k = A.dkk + (sh * g + k) * C * D;
+        for (int64_t e = 0; e < C * D; ++e) dk[e] += src_k[e];
+        const T* src_p = share + (sh * g + k) * D * D;
+        for (int64_t e = 0; e < D * D; ++e) dp[e] += src_p[e];
       }
     }
   });
 }
 
 template <typename T>
-void run_all(BwdArgs<T> A, T* dpt) {
+void run_all(BwdArgs<T> A, T* dkt, T* dpt, T* share) {
   const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   // the last block of every sequence: no block has it as predecessor; in scan order the
   // last blocks of longer sequences come first
@@ -210,13 +254,13 @@ void run_all(BwdArgs<T> A, T* dpt) {
   const int64_t n_threads = at::get_num_threads();
   const int64_t reps = n_pairs >= n_threads ? 1
       : std::max<int64_t>(1, std::min<int64_t>((n_threads + n_pairs - 1) / n_pairs, longest));
-  constexpr int kAcc = 5;  // accumulators: dkt, dkp, dpp, dv, dcol
-  const int64_t sizes[kAcc] = {NB * H * C * D, NB * H * C * D, NB * H * D * D,
-                               NB * H * C * Dv, A.dcol != nullptr ? NB * R : 0};
+  constexpr int kAcc = 4;  // accumulators: dkk, dpg, dv, dcol
+  const int64_t sizes[kAcc] = {NB * H * A.group * C * D, NB * H * D * D, NB * H * C * Dv,
+                               A.dcol != nullptr ? NB * R : 0};
   std::vector<std::vector<T>> extra(reps > 1 ? (reps - 1) * kAcc : 0);
   std::vector<BwdArgs<T>> args(reps, A);
   for (int64_t j = 1; j < reps; ++j) {
-    T** dst[kAcc] = {&args[j].dkt, &args[j].dkp, &args[j].dpp, &args[j].dv, &args[j].dcol};
+    T** dst[kAcc] = {&args[j].dkk, &args[j].dpg, &args[j].dv, &args[j].dcol};
     for (int q = 0; q < kAcc; ++q) {
       auto& buf = extra[(j - 1) * kAcc + q];
       buf.assign(sizes[q], T(0));
@@ -228,8 +272,8 @@ void run_all(BwdArgs<T> A, T* dpt) {
   const int64_t n_workers = std::max<int64_t>(1, std::min<int64_t>(n_threads, n_tasks));
   at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
     Work<T> W;
-    W.S.resize(R * 2 * C);
-    W.dP.resize(R * 2 * C);
+    W.S.resize(R * A.group * C);
+    W.dP.resize(R * A.group * C);
     W.g.resize(R * D);
     W.g_next.resize(R * D);
     for (int64_t t = counter++; t < n_tasks; t = counter++) {
@@ -240,7 +284,7 @@ void run_all(BwdArgs<T> A, T* dpt) {
     }
   });
   if (reps > 1) {  // accumulators += replicas
-    T* outs[kAcc] = {A.dkt, A.dkp, A.dpp, A.dv, A.dcol};
+    T* outs[kAcc] = {A.dkk, A.dpg, A.dv, A.dcol};
     at::parallel_for(0, kAcc, 1, [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q)
         for (int64_t j = 1; j < reps; ++j) {
@@ -249,20 +293,20 @@ void run_all(BwdArgs<T> A, T* dpt) {
         }
     });
   }
-  pair_grads<T>(A, succ, dpt);
+  group_grads<T>(A, succ, dkt, dpt, share);
 }
 
-// Inputs as ScanInputs (scan_common.h) plus dout [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
+// Inputs as ScanInputs (scan_common.h), group (key blocks per step) plus dout [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
 // Returns dqt, dkt, dpt, ds_diag, dv and dcol ([NB, H, Gr, C] column sums of dS; empty
 // [0] without gates).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> scan_bwd(
     const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,
     const std::optional<at::Tensor>& G,
-    const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta) {
+    const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta, int64_t group) {
   const FlopScope flops(kScanBwd);
   const char* op = "scan_bwd";
-  check_scan_inputs(op, qt, kt, pt, s_diag, vb, pred, G);
+  check_scan_inputs(op, qt, kt, pt, s_diag, vb, pred, G, group);
   const auto dt = qt.scalar_type();
   check_input(op, dout, "dout", 4, dt);
   check_input(op, lse, "lse", 3, dt);
@@ -273,26 +317,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   TORCH_CHECK(delta.sizes() == lse.sizes(), op, ": delta shape");
   const bool gated = G.has_value();
   auto dqt = workspace_like(qt);
-  auto dkt = workspace_zeros_like(kt);
-  auto dkp = workspace_zeros_like(kt);
-  auto dpp = workspace_zeros_like(pt);
+  auto dkt = workspace_like(kt);
+  auto dkk = workspace_zeros({NB, H, group, kt.size(2), kt.size(3)}, qt.options());
+  auto dpg = workspace_zeros_like(pt);
   auto dpt = workspace_like(pt);
+  auto share = workspace_empty({NB, H, group, pt.size(2), pt.size(3)}, qt.options());
   auto ds_diag = workspace_like(s_diag);
   auto dv = workspace_zeros_like(vb);
   auto dcol = gated ? workspace_zeros(G->sizes(), qt.options()) : at::empty({0}, qt.options());
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    const ScanInputs<T> in(qt, kt, pt, s_diag, vb, pred, G);
-    const PairTiles tiles = pair_tiles(in, qt.options());
+    const ScanInputs<T> in(qt, kt, pt, s_diag, vb, pred, G, group);
+    const GroupTiles tiles = group_tiles(in, qt.options());
     BwdArgs<T> A(in, dout, lse, delta, tiles);
     A.dqt = dqt.data_ptr<T>();
     A.ds_diag = ds_diag.data_ptr<T>();
-    A.dkt = dkt.data_ptr<T>();
-    A.dkp = dkp.data_ptr<T>();
-    A.dpp = dpp.data_ptr<T>();
+    A.dkk = dkk.data_ptr<T>();
+    A.dpg = dpg.data_ptr<T>();
     A.dv = dv.data_ptr<T>();
     A.dcol = gated ? dcol.data_ptr<T>() : nullptr;
-    run_all<T>(A, dpt.data_ptr<T>());
+    run_all<T>(A, dkt.data_ptr<T>(), dpt.data_ptr<T>(), share.data_ptr<T>());
   };
   if (dt == at::kFloat) {
     run(0.f);
@@ -306,7 +350,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(pathattn_cpu, m) {
   m.def("scan_bwd(Tensor qt, Tensor kt, Tensor pt, Tensor s_diag, Tensor vb, Tensor pred, "
-        "Tensor? G, Tensor dout, Tensor lse, Tensor delta) -> "
+        "Tensor? G, Tensor dout, Tensor lse, Tensor delta, int group=4) -> "
         "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.impl("scan_bwd", c10::DispatchKey::CPU, TORCH_FN(scan_bwd));
 }

@@ -7,9 +7,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 
+#include <cstring>
 #include <optional>
+#include <vector>
 
 namespace pathattn_cpu {
+
+inline constexpr int64_t kMaxGroup = 8;  // most key blocks per scan step (group steps)
 
 // qt [NB, H, R, D]; kt [NB, H, C, D]; pt [NB, H, D, D]; s_diag [NB, H, R, C];
 // vb [NB, H, C, Dv]; pred [NB] int64 (row of the previous block of the sequence, or -1);
@@ -21,22 +25,23 @@ struct ScanInputs {
   const double* G;  // nullptr without gates
   const int64_t* pred;
   int64_t NB, H, R, C, D, Dv;
+  int64_t group;  // key blocks per scan step (group steps, below)
 
   ScanInputs(const at::Tensor& qt_, const at::Tensor& kt_, const at::Tensor& pt_,
              const at::Tensor& s_diag_, const at::Tensor& vb_, const at::Tensor& pred_,
-             const std::optional<at::Tensor>& G_)
+             const std::optional<at::Tensor>& G_, int64_t group_)
       : qt(qt_.data_ptr<T>()), kt(kt_.data_ptr<T>()), pt(pt_.data_ptr<T>()),
         s_diag(s_diag_.data_ptr<T>()), vb(vb_.data_ptr<T>()),
         G(G_.has_value() ? G_->data_ptr<double>() : nullptr),
         pred(pred_.data_ptr<int64_t>()), NB(qt_.size(0)), H(qt_.size(1)), R(qt_.size(2)),
-        C(kt_.size(2)), D(qt_.size(3)), Dv(vb_.size(3)) {}
+        C(kt_.size(2)), D(qt_.size(3)), Dv(vb_.size(3)), group(group_) {}
 };
 
 // The checks of ScanInputs' tensors (op names the kernel in the messages).
 inline void check_scan_inputs(const char* op, const at::Tensor& qt, const at::Tensor& kt,
                               const at::Tensor& pt, const at::Tensor& s_diag,
                               const at::Tensor& vb, const at::Tensor& pred,
-                              const std::optional<at::Tensor>& G) {
+                              const std::optional<at::Tensor>& G, int64_t group) {
   const auto dt = qt.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
   check_input(op, qt, "qt", 4, dt);
@@ -52,6 +57,8 @@ inline void check_scan_inputs(const char* op, const at::Tensor& qt, const at::Te
   TORCH_CHECK(s_diag.sizes() == at::IntArrayRef({NB, H, R, C}), op, ": s_diag shape");
   TORCH_CHECK(vb.sizes() == at::IntArrayRef({NB, H, C, Dv}), op, ": vb shape");
   TORCH_CHECK(R % C == 0 && pred.size(0) == NB, op, ": R or pred shape");
+  TORCH_CHECK(group >= 1 && group <= kMaxGroup, op, ": group must be in [1, ", kMaxGroup,
+              "], got ", group);
   if (G.has_value()) {
     check_input(op, *G, "G", 4, at::kDouble);
     TORCH_CHECK(G->sizes() == at::IntArrayRef({NB, H, R / C, C}), op, ": G shape");
@@ -77,72 +84,90 @@ inline void cross_gate_row(T* row, const double* G_b, int64_t C, double G_i) {
   for (int64_t j = 0; j < C; ++j) row[j] += static_cast<T>(G_i - G_b[j]);
 }
 
-// Pair steps. Both scans walk a query block's key blocks two at a time: the step at key
-// block b with predecessor p = pred[b] reads the keys of both, p's already moved past b's
-// transition, and moves the query state past both transitions with one [D, D] product.
-// A key block costs a query block 2 C^2 D + C D^2 FLOPs forward (logits, P V, state
-// update) and 5 C^2 D + 3 C D^2 backward; pair steps halve the C D^2 terms, the state
-// updates. The pair tiles are computed once per key block, not per pair of blocks:
-//   kp[b] = K~_p Pt_b^T   [NB, H, C, D]
-//   pp[b] = Pt_b Pt_p     [NB, H, D, D]      (both only where p >= 0; other rows unset)
-// since state_b K~_p^T after the update state_b Pt_b is state_b (K~_p Pt_b^T)^T. A step's
-// logit tile is [R, 2C]: keys of b (K~_b), then of p (kp[b]). A step at a block without
-// predecessor reads C keys and ends the chain (no update follows it).
-struct PairTiles {
-  at::Tensor kp, pp;
+// Group steps. Both scans walk a query block's key blocks `group` (g) at a time: the step at
+// key block b reads the keys of b and of the g - 1 blocks before it in its sequence (fewer
+// at the sequence's start), each already moved past the transitions of the blocks after
+// it in the group, and then moves the query state past all g transitions with one [D, D]
+// product. A key block costs a query block 2 C^2 D + C D^2 FLOPs forward (logits, P V,
+// state update) and 5 C^2 D + 3 C D^2 backward; group steps divide the C D^2 terms, the
+// state updates, by g. With step blocks x_0 = b, x_{k+1} = pred[x_k] (k < n <= g) and the
+// products M_1 = Pt_b, M_{k+1} = M_k Pt_{x_k}, the group tiles are computed once per key
+// block, not per query block:
+//   kk[b][k] = K~_{x_k} M_k^T   [NB, H, g, C, D]   (kk[b][0] = K~_b; slots k >= n unset)
+//   pg[b]    = M_n              [NB, H, D, D]      (only where a block precedes x_{n-1})
+// since state_b K~_x^T after the update state_b M_k is state_b (K~_x M_k^T)^T. A step's
+// logit tile is [R, n C]: the keys of x_0, ..., x_{n-1}, one GEMM. n < g only at a
+// sequence's start, where the chain ends and no update follows.
+struct GroupTiles {
+  at::Tensor kk, pg;
 };
 
+// The blocks of the step at b: x[0] = b, x[k + 1] = pred[x[k]], at most g. Returns n.
 template <typename T>
-PairTiles pair_tiles(const ScanInputs<T>& A, const at::TensorOptions& opt) {
-  const int64_t NB = A.NB, H = A.H, C = A.C, D = A.D;
-  PairTiles P{workspace_empty({NB, H, C, D}, opt), workspace_empty({NB, H, D, D}, opt)};
-  T* kp = P.kp.data_ptr<T>();
-  T* pp = P.pp.data_ptr<T>();
+inline int64_t step_blocks(const ScanInputs<T>& A, int64_t b, int64_t* x) {
+  int64_t n = 0;
+  for (int64_t y = b; y >= 0 && n < A.group; y = A.pred[y]) x[n++] = y;
+  return n;
+}
+
+template <typename T>
+GroupTiles group_tiles(const ScanInputs<T>& A, const at::TensorOptions& opt) {
+  const int64_t NB = A.NB, H = A.H, C = A.C, D = A.D, g = A.group;
+  GroupTiles P{workspace_empty({NB, H, g, C, D}, opt), workspace_empty({NB, H, D, D}, opt)};
+  T* kk = P.kk.data_ptr<T>();
+  T* pg = P.pg.data_ptr<T>();
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> m0(D * D), m1(D * D);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / H, h = t % H, p = A.pred[b];
-      if (p < 0) continue;
-      const int64_t ph = p * H + h;
-      const T* ptb = A.pt + t * D * D;
-      gemm_rm<T>(C, D, D, A.kt + ph * C * D, D, false, ptb, D, true, kp + t * C * D, D,
-                 false);
-      gemm_rm<T>(D, D, D, ptb, D, false, A.pt + ph * D * D, D, false, pp + t * D * D, D,
-                 false);
+      const int64_t b = t / H, h = t % H;
+      int64_t x[kMaxGroup];
+      const int64_t n = step_blocks(A, b, x);
+      const bool follows = A.pred[x[n - 1]] >= 0;
+      T* kkb = kk + t * g * C * D;
+      std::memcpy(kkb, A.kt + t * C * D, sizeof(T) * C * D);
+      const T* M = A.pt + t * D * D;  // M_1
+      T* next = m0.data();
+      for (int64_t k = 1; k < n; ++k) {
+        const int64_t xh = x[k] * H + h;
+        gemm_rm<T>(C, D, D, A.kt + xh * C * D, D, false, M, D, true, kkb + k * C * D, D,
+                   false);
+        if (k + 1 < n || follows) {  // M_{k+1} = M_k Pt_{x_k}
+          gemm_rm<T>(D, D, D, M, D, false, A.pt + xh * D * D, D, false, next, D, false);
+          M = next;
+          next = next == m0.data() ? m1.data() : m0.data();
+        }
+      }
+      if (follows) std::memcpy(pg + t * D * D, M, sizeof(T) * D * D);
     }
   });
   return P;
 }
 
-// Keys a step at key block b reads: 2C with a predecessor, else C.
-template <typename T>
-inline int64_t step_width(const ScanInputs<T>& A, int64_t b) {
-  return A.pred[b] >= 0 ? 2 * A.C : A.C;
-}
-
-// Where the step after the one at b starts: the block before b's pair, or -1.
+// Where the step after the one at b starts: the block before b's group, or -1.
 template <typename T>
 inline int64_t next_step(const ScanInputs<T>& A, int64_t b) {
-  const int64_t p = A.pred[b];
-  return p >= 0 ? A.pred[p] : -1;
+  int64_t y = b;
+  for (int64_t k = 0; k < A.group && y >= 0; ++k) y = A.pred[y];
+  return y;
 }
 
-// Logits of the step at key block b for query block a (head h): S [R, W] (row stride W,
-// W = step_width) = state [R, D] @ [K~_b ; kp_b]^T, plus G_i - G_j with gates. One code
-// for both scans, so that the backward recomputes the forward's tile bit for bit.
+// Logits of the step at key block b (blocks x[0..n), step_blocks) for query block a (head
+// h): S [R, W] (row stride W = n C) = state [R, D] @ kk[b][:n]^T, plus G_i - G_j with
+// gates. One code for both scans, so that the backward recomputes the forward's tile bit
+// for bit. Returns W.
 template <typename T>
-int64_t step_logits(const ScanInputs<T>& A, const T* kp, const T* state, int64_t a,
-                    int64_t b, int64_t h, T* S) {
-  const int64_t R = A.R, C = A.C, D = A.D, H = A.H, Gr = R / C;
-  const int64_t bh = b * H + h, p = A.pred[b], W = step_width(A, b);
-  gemm_rm<T>(R, C, D, state, D, false, A.kt + bh * C * D, D, true, S, W, false);
-  if (p >= 0) gemm_rm<T>(R, C, D, state, D, false, kp + bh * C * D, D, true, S + C, W, false);
+int64_t step_logits(const ScanInputs<T>& A, const T* kk, const T* state, int64_t a,
+                    int64_t h, const int64_t* x, int64_t n, T* S) {
+  const int64_t R = A.R, C = A.C, D = A.D, H = A.H, Gr = R / C, W = n * C;
+  gemm_rm<T>(R, W, D, state, D, false, kk + (x[0] * H + h) * A.group * C * D, D, true, S,
+             W, false);
   if (A.G == nullptr) return W;
-  const int64_t ah = a * H + h, ph = p * H + h;
+  const int64_t ah = a * H + h;
   for (int64_t i = 0; i < R; ++i) {
-    const int64_t g = i / C;
-    const double Gi = A.G[(ah * Gr + g) * C + i % C];
-    cross_gate_row(S + i * W, A.G + (bh * Gr + g) * C, C, Gi);
-    if (p >= 0) cross_gate_row(S + i * W + C, A.G + (ph * Gr + g) * C, C, Gi);
+    const int64_t gi = i / C;
+    const double Gi = A.G[(ah * Gr + gi) * C + i % C];
+    for (int64_t k = 0; k < n; ++k)
+      cross_gate_row(S + i * W + k * C, A.G + ((x[k] * H + h) * Gr + gi) * C, C, Gi);
   }
   return W;
 }

@@ -3,15 +3,15 @@
 // One task per (query block a, KV head h), in scan order (longest chain first), handed out
 // from an atomic counter so that the long chains of a packed or long batch do not pile up
 // on one thread. A task keeps its tiles in cache: the query state [R, D], one logit tile
-// [R, 2C] and the accumulator [R, Dv], and walks its sequence's key blocks right to left,
-// two at a time (pair steps, scan_common.h):
+// [R, g C] and the accumulator [R, Dv], and walks its sequence's key blocks right to left,
+// g = group at a time (group steps, scan_common.h):
 //
 //   diagonal:  S = s_diag[a] (+ G_i - G_j), masked j <= i % C; online softmax initialised.
-//   b = pred[a], then the block two before b, ... (p = pred[b]):
-//       S      = state @ [K~_b ; kp_b]^T   [R, 2C]: keys of b, then of p (C: p < 0)
+//   b = pred[a], then the block g before b, ... (x_0 = b, x_1, ..., x_{n-1}: step_blocks):
+//       S      = state @ kk[b][:n]^T          [R, n C]: keys of x_0, then of x_1, ...
 //                                          (+ G_i - G_j with gates)
-//       m, den, acc <- online softmax update with S, acc += P @ [V_b ; V_p]
-//       state  = state @ pp_b              (only while p has a predecessor)
+//       m, den, acc <- online softmax update with S, acc += P @ [V_x0 ; ... ; V_x(n-1)]
+//       state  = state @ pg[b]              (only while a block precedes x_{n-1})
 //
 // Outputs o = acc / den [NB, H, R, Dv] and lse = m + log(den) [NB, H, R]: the numbers of
 // the PyTorch scan up to rounding, with its exp cutoff (arguments below -64 give exactly 0).
@@ -45,12 +45,12 @@ struct Args : ScanInputs<T> {
 };
 
 template <typename T>
-void run_task(const Args<T>& A, const T* kp, const T* pp, int64_t a, int64_t h,
+void run_task(const Args<T>& A, const T* kk, const T* pg, int64_t a, int64_t h,
               std::vector<T>& buf) {
   const int64_t R = A.R, C = A.C, D = A.D, Dv = A.Dv, H = A.H;
   const int64_t Gr = R / C;
-  T* S = buf.data();              // [R, 2C]
-  T* st0 = S + R * 2 * C;         // [R, D]
+  T* S = buf.data();              // [R, g C]
+  T* st0 = S + R * A.group * C;   // [R, D]
   T* st1 = st0 + R * D;           // [R, D]
   T* acc = st1 + R * D;           // [R, Dv]
   T* m = acc + R * Dv;            // [R]
@@ -75,12 +75,13 @@ void run_task(const Args<T>& A, const T* kp, const T* pp, int64_t a, int64_t h,
   }
   gemm_rm<T>(R, Dv, C, S, C, false, A.vb + ah * C * Dv, Dv, false, acc, Dv, false);
 
-  // ---- key blocks to the left, right to left, a pair per step
+  // ---- key blocks to the left, right to left, a group per step
   const T* state = A.qt + ah * R * D;
   T* next = st0;
-  for (int64_t b = A.pred[a]; b >= 0; b = next_step(A, b)) {
-    const int64_t bh = b * H + h, p = A.pred[b], ph = p * H + h;
-    const int64_t W = step_logits(A, kp, state, a, b, h, S);
+  for (int64_t b = A.pred[a]; b >= 0;) {
+    int64_t x[kMaxGroup];
+    const int64_t n = step_blocks(A, b, x);
+    const int64_t W = step_logits(A, kk, state, a, h, x, n, S);
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * W;
       const T m_new = std::max(m[i], row_max(row, static_cast<int>(W)));
@@ -99,15 +100,15 @@ void run_task(const Args<T>& A, const T* kp, const T* pp, int64_t a, int64_t h,
       }
       den[i] += sum[i];
     }
-    gemm_rm<T>(R, Dv, C, S, W, false, A.vb + bh * C * Dv, Dv, false, acc, Dv, true);
-    if (p < 0) break;
-    gemm_rm<T>(R, Dv, C, S + C, W, false, A.vb + ph * C * Dv, Dv, false, acc, Dv, true);
-    if (A.pred[p] >= 0) {
-      gemm_rm<T>(R, D, D, state, D, false, pp + bh * D * D, D, false, next, D,
-                 false);
-      state = next;
-      next = next == st0 ? st1 : st0;
-    }
+    for (int64_t k = 0; k < n; ++k)
+      gemm_rm<T>(R, Dv, C, S + k * C, W, false, A.vb + (x[k] * H + h) * C * Dv, Dv, false,
+                 acc, Dv, true);
+    const int64_t after = A.pred[x[n - 1]];  // where the next step starts
+    if (after < 0) break;
+    gemm_rm<T>(R, D, D, state, D, false, pg + (b * H + h) * D * D, D, false, next, D, false);
+    state = next;
+    next = next == st0 ? st1 : st0;
+    b = after;
   }
 
   // ---- normalise
@@ -124,37 +125,37 @@ template <typename T>
 void run_all(const Args<T>& A, const at::TensorOptions& opt) {
   const int64_t NB = A.NB, H = A.H, R = A.R, C = A.C, D = A.D, Dv = A.Dv;
   const int64_t n_tasks = NB * H;
-  const int64_t buf_len = R * 2 * C + 2 * R * D + R * Dv + 4 * R;
-  const PairTiles P = pair_tiles(A, opt);
-  const T* kp = P.kp.data_ptr<T>();
-  const T* pp = P.pp.data_ptr<T>();
+  const int64_t buf_len = R * A.group * C + 2 * R * D + R * Dv + 4 * R;
+  const GroupTiles P = group_tiles(A, opt);
+  const T* kk = P.kk.data_ptr<T>();
+  const T* pg = P.pg.data_ptr<T>();
   std::atomic<int64_t> counter{0};
   const int64_t n_workers =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_tasks));
   at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
     std::vector<T> buf(buf_len);
     for (int64_t t = counter++; t < n_tasks; t = counter++) {
-      run_task<T>(A, kp, pp, t / H, t % H, buf);
+      run_task<T>(A, kk, pg, t / H, t % H, buf);
     }
   });
 }
 
-// Inputs as ScanInputs (scan_common.h). Returns o [NB, H, R, Dv] and lse [NB, H, R].
+// Inputs as ScanInputs (scan_common.h), group: key blocks per step. Returns o [NB, H, R, Dv] and lse [NB, H, R].
 std::tuple<at::Tensor, at::Tensor> scan_fwd(
     const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,
-    const std::optional<at::Tensor>& G) {
+    const std::optional<at::Tensor>& G, int64_t group) {
   const FlopScope flops(kScanFwd);
-  check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, G);
+  check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, G, group);
   const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
   auto o = workspace_empty({NB, H, R, Dv}, qt.options());
   auto lse = workspace_empty({NB, H, R}, qt.options());
   if (qt.scalar_type() == at::kFloat) {
-    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G), o, lse),
+    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G, group), o, lse),
                    qt.options());
   } else {
     run_all<double>(
-        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G), o, lse),
+        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G, group), o, lse),
         qt.options());
   }
   return {o, lse};
@@ -164,6 +165,6 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd(
 
 TORCH_LIBRARY(pathattn_cpu, m) {
   m.def("scan_fwd(Tensor qt, Tensor kt, Tensor pt, Tensor s_diag, Tensor vb, Tensor pred, "
-        "Tensor? G) -> (Tensor, Tensor)");
+        "Tensor? G, int group=4) -> (Tensor, Tensor)");
   m.impl("scan_fwd", c10::DispatchKey::CPU, TORCH_FN(scan_fwd));
 }

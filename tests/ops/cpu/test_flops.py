@@ -26,36 +26,41 @@ def _flops(count: bool) -> list[int]:
     return list(torch.ops.pathattn_cpu.gemm_flops(count))
 
 
-def _scan_fwd_flops(nb: int, H: int, C: int, D: int, Dv: int) -> int:
-    """GEMM FLOPs of the forward scan over one sequence of nb blocks (R = C rows per task):
-    the pair tiles of every block with a predecessor, then per query block the diagonal's
-    P V and, per pair step (2C keys, or C at a block without predecessor), logits and P V,
-    and a state update when another step follows."""
+def _scan_fwd_flops(nb: int, H: int, C: int, D: int, Dv: int, g: int) -> int:
+    """GEMM FLOPs of the forward scan over one sequence of nb blocks (R = C rows per task)
+    in steps of g key blocks: the group tiles of every block b (its n = min(g, b + 1) step
+    blocks: the keys of n - 1 of them moved, and a [D, D] product for each further
+    transition formed), then per query block the diagonal's P V and, per step, logits and
+    P V over its n C keys and a state update when another step follows."""
     R = C
-    total = (nb - 1) * (2 * C * D * D + 2 * D ** 3)
+    total = 0
+    for b in range(nb):
+        n = min(g, b + 1)
+        follows = b + 1 > g
+        total += (n - 1) * 2 * C * D * D + (max(n - 2, 0) + (n > 1 and follows)) * 2 * D ** 3
     for a in range(nb):
         total += 2 * R * C * Dv
         b = a - 1
         while b >= 0:
-            p = b - 1
-            W = 2 * C if p >= 0 else C
-            total += 2 * R * W * D + 2 * R * W * Dv
-            if p >= 1:
+            n = min(g, b + 1)
+            total += 2 * R * n * C * D + 2 * R * n * C * Dv
+            b -= n
+            if b >= 0:
                 total += 2 * R * D * D
-            b = p - 1 if p >= 0 else -1
     return H * total
 
 
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
 @pytest.mark.parametrize("nb", [1, 2, 3, 4, 7])
-def test_forward_scan_flops_match_its_gemm_schedule(nb):
+def test_forward_scan_flops_match_its_gemm_schedule(nb, group):
     C, H, D, Dv = 16, 2, 8, 4
     lay, ut, vb, _, _ = _block_inputs(1, nb * C, H, H, D, Dv, C, False, None, torch.float32)
     _flops(False)  # reset
-    fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, None)
+    fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, None, group=group)
     assert _flops(True) == [0, 0, 0, 0]  # counting was off
-    fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, None)
+    fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag, vb, None, group=group)
     got = _flops(False)
-    assert got == [_scan_fwd_flops(nb, H, C, D, Dv), 0, 0, 0]
+    assert got == [_scan_fwd_flops(nb, H, C, D, Dv, group), 0, 0, 0]
 
 
 def test_flops_are_booked_to_the_kernel_that_ran():

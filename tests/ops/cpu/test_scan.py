@@ -14,6 +14,7 @@ from pathattn.ops.cpu import (
     load_kernels,
     predecessors,
     scan_forward,
+    scan_group,
 )
 from pathattn.ops.gates import block_gates
 from pathattn.ops.layout import make_layout
@@ -50,16 +51,20 @@ CASES = [  # B, T, HQ, H, D, Dv, C, gates, cu, special
     (2, 300, 2, 1, 16, 16, 32, True, None, "cliff"),
     (1, 513, 1, 1, 24, 40, 128, False, None, ""),
 ]
+# key blocks per scan step: every size from one block to the kernels' most (8), and the
+# default (`scan_group`); all give the PyTorch scan's numbers
+GROUPS = [1, 2, 3, None, 8]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])) + c[9])
-def test_fused_matches_torch_scan(case, dtype):
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: f"group{g}")
+def test_fused_matches_torch_scan(case, dtype, group):
     B, T, HQ, H, D, Dv, C, gates, cu, special = case
     lay, ut, vb, gt, wb_bb = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
     growth = block_growth(*wb_bb)
     s_diag = ut.s_diag.clone()
-    o, lse = fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt)
+    o, lse = fused_forward_scan(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, group=group)
     torch.testing.assert_close(s_diag, ut.s_diag, rtol=0, atol=0)  # read only
     o_ref, lse_ref = forward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag.clone(), vb, gt, growth)
     tol = {torch.float32: 2e-5, torch.float64: 1e-12}[dtype]
@@ -71,7 +76,8 @@ def test_fused_matches_torch_scan(case, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8])) + c[9])
-def test_fused_backward_matches_torch_scan(case, dtype):
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: f"group{g}")
+def test_fused_backward_matches_torch_scan(case, dtype, group):
     B, T, HQ, H, D, Dv, C, gates, cu, special = case
     lay, ut, vb, gt, wb_bb = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype, special)
     growth = block_growth(*wb_bb)
@@ -79,7 +85,8 @@ def test_fused_backward_matches_torch_scan(case, dtype):
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
     delta = (do * o).sum(-1)
     s_diag = ut.s_diag.clone()
-    ours = fused_backward_scan(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, do, lse, delta)
+    ours = fused_backward_scan(lay, ut.qt, ut.kt, ut.pt, s_diag, vb, gt, do, lse, delta,
+                               group=group)
     torch.testing.assert_close(s_diag, ut.s_diag, rtol=0, atol=0)  # read only
     ref = backward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag.clone(), vb, gt, do, lse, delta)
     tol = {torch.float32: 1e-4, torch.float64: 1e-11}[dtype]
@@ -113,12 +120,15 @@ def test_predecessors_follow_each_sequence():
 
 def test_kernel_rejects_bad_block_tensors():
     lay, ut, vb, _, _ = _block_inputs(1, 64, 1, 1, 16, 16, 16, False, None, torch.float32)
-    with pytest.raises(RuntimeError, match="kt"):
-        torch.ops.pathattn_cpu.scan_fwd(ut.qt, ut.kt.double(), ut.pt, ut.s_diag, vb,
-                                         predecessors(lay), None, None)
-    with pytest.raises(RuntimeError, match="pred"):
-        torch.ops.pathattn_cpu.scan_fwd(ut.qt, ut.kt, ut.pt, ut.s_diag, vb,
-                                         torch.zeros(lay.NB, dtype=torch.long), None, None)
+    args = [ut.qt, ut.kt, ut.pt, ut.s_diag, vb, predecessors(lay), None]
+    torch.ops.pathattn_cpu.scan_fwd(*args)  # the good arguments run
+    bad = {1: ut.kt.double(), 5: torch.zeros(lay.NB, dtype=torch.long)}
+    for (i, x), message in zip(bad.items(), ["kt has dtype Double", r"pred\[0\] out of range"]):
+        with pytest.raises(RuntimeError, match=message):
+            torch.ops.pathattn_cpu.scan_fwd(*args[:i], x, *args[i + 1:])
+    for group in (0, 9):
+        with pytest.raises(RuntimeError, match=rf"group must be in \[1, 8\], got {group}"):
+            torch.ops.pathattn_cpu.scan_fwd(*args, group)
 
 
 def test_disabled_kernel_runs_torch_scan(monkeypatch):
@@ -147,3 +157,11 @@ def test_opcheck(gates):
     do = torch.randn_like(o)
     torch.library.opcheck(torch.ops.pathattn_cpu.scan_bwd.default,
                           args + (do, lse, (do * o).sum(-1)))
+
+
+def test_scan_group_balances_updates_and_tiles():
+    """sqrt(n / 2) blocks per step for sequences of n blocks, within [2, 4], and no more
+    than keeps the [R, group * C] logit tile within 3 * 2^16 entries."""
+    assert [scan_group(128, 128, n) for n in (1, 8, 16, 32, 64)] == [2, 2, 3, 4, 4]
+    assert scan_group(256, 256, 32) == 3  # tile cap
+    assert scan_group(512, 128, 64) == 3 and scan_group(1024, 128, 64) == 2
