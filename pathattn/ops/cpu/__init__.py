@@ -18,6 +18,7 @@ from .ut import fused_block_ut, fused_ut_applies, ut_backward, ut_forward
 from .workspace import WorkspaceInfo, release_workspace, set_workspace_limit, workspace_info
 
 __all__ = ["kernel_enabled", "load_kernels", "fused_forward_scan", "fused_backward_scan",
-           "fused_scan_applies", "kernel_block_size", "LONG_BLOCK_FROM", "scan_group", "predecessors", "scan_forward", "scan_backward",
+           "fused_scan_applies", "kernel_block_size", "LONG_BLOCK_FROM", "scan_group",
+           "predecessors", "scan_forward", "scan_backward",
            "fused_block_ut", "fused_ut_applies", "ut_forward", "ut_backward",
            "WorkspaceInfo", "workspace_info", "set_workspace_limit", "release_workspace"]

@@ -102,8 +102,8 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     exp_nonpos(row, static_cast<int>(p + 1));
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;
   }
-  gemm_rm<T>(C, Dv, R, S, C, true, dO, Dv, false, A.dv + ah * C * Dv, Dv, true);
-  gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + ah * C * Dv, Dv, true, dP, C, false);
+  diag_keys_times<T>(R, C, Dv, S, dO, A.dv + ah * C * Dv);
+  diag_rows_times_t<T>(R, C, Dv, dO, A.vb + ah * C * Dv, dP);
   T* dcol_a[1] = {gated ? A.dcol + ah * Gr * C : nullptr};
   tile_dS<T>(S, dP, delta, R, C, C, gated ? dcol_a : nullptr);
   std::memcpy(A.ds_diag + ah * R * C, dP, sizeof(T) * R * C);

@@ -73,7 +73,7 @@ void run_task(const Args<T>& A, const T* kk, const T* pg, int64_t a, int64_t h,
     m[i] = mx;
     den[i] = row_sum(row, static_cast<int>(p + 1));
   }
-  gemm_rm<T>(R, Dv, C, S, C, false, A.vb + ah * C * Dv, Dv, false, acc, Dv, false);
+  diag_rows_times<T>(R, C, Dv, S, A.vb + ah * C * Dv, acc, false);
 
   // ---- key blocks to the left, right to left, a group per step
   const T* state = A.qt + ah * R * D;

@@ -10,8 +10,7 @@
 // with the token masks incl[i, l] = (l / R <= i) and later[l, j] = (l / R > j) (tril and
 // strictLower for R = 1). Only the sub-block terms depend on R; their outputs do not.
 //
-// and the m = C / c sub-blocks are combined as the scan combines blocks (ut.py's pairwise
-// merges give the same numbers up to rounding):
+// and the m = C / c sub-blocks are combined in pairwise merges (as ut.py, up to rounding):
 //
 //   Q~ rows of i   = q~_i pt_{i-1} ... pt_0           (state walked right to left)
 //   S[i, j < i]    = q~_i pt_{i-1} ... pt_{j+1} k~_j^T, S[i, i] = s_i, S[i, j > i] = 0
@@ -29,6 +28,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -48,7 +48,7 @@ struct UTArgs {
 template <typename T>
 struct UTWork {
   std::vector<SubBlockUT<T>> sub;  // [m]
-  std::vector<T> R, R2, state, state2;
+  std::vector<T> R, state, Ps;
 };
 
 template <typename T>
@@ -68,40 +68,55 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
     W.sub[i].compute(Wb + i * cr * D, Kb + i * c * D, Bb + i * cr,
                      U.qb + (nh * Gr * C + i * c) * D, C * D, U.scale);
 
-  // ---- combine the sub-blocks
-  T* st = W.state.data();
-  T* st2 = W.state2.data();
+  // ---- combine the sub-blocks pairwise, spans of 1, 2, 4, ... sub-blocks (the last span
+  // of a level may be shorter when m = C / c is not a power of two): a span [lo, hi) keeps its rows of Q~ relative to its start (in qt),
+  // its rows of K~ relative to its end (in kt) and its transition Ps[lo] = pt_{hi-1} ...
+  // pt_lo. Merging L = [lo, mid) and R = [mid, hi):
+  //   S[R rows, L keys] = Q~_R K~_L^T,  Q~_R <- Q~_R Ps[lo],  K~_L <- K~_L Ps[mid]^T,
+  //   Ps[lo] <- Ps[mid] Ps[lo]
+  // Each level moves C rows by a [D, D] product, log2(m) levels in all (a walk sub-block
+  // by sub-block moves each query through all earlier ones: (m - 1) / 2 C rows).
+  T* Ps = W.Ps.data();  // [m, D, D]
+  for (int64_t i = 0; i < m; ++i) {
+    std::memcpy(Ps + i * D * D, psub(i), sizeof(T) * D * D);
+    std::memcpy(U.kt + (nh * C + i * c) * D, ksub(i), sizeof(T) * c * D);
+  }
   for (int64_t g = 0; g < Gr; ++g) {
     T* Srows = U.s + (nh * Gr + g) * C * C;  // [C, C] of this head's rows
+    T* Q = U.qt + (nh * Gr + g) * C * D;
     for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(Q + i * c * D, qsub(g, i), sizeof(T) * c * D);
       for (int64_t r = 0; r < c; ++r) {
         T* row = Srows + (i * c + r) * C;
         std::memcpy(row + i * c, ssub(g, i) + r * c, sizeof(T) * c);
         std::fill(row + (i + 1) * c, row + C, T(0));
       }
-      std::memcpy(st, qsub(g, i), sizeof(T) * c * D);
-      for (int64_t j = i - 1; j >= 0; --j) {
-        gemm_rm<T>(c, c, D, st, D, false, ksub(j), D, true,
-                   Srows + i * c * C + j * c, C, false);
-        gemm_rm<T>(c, D, D, st, D, false, psub(j), D, false, st2, D, false);
-        std::swap(st, st2);
-      }
-      std::memcpy(U.qt + ((nh * Gr + g) * C + i * c) * D, st, sizeof(T) * c * D);
     }
   }
-  // K~ rows of i = k~_i R_i with R_i = pt_{i+1}^T ... pt_{m-1}^T (R_{m-1} = I: a copy),
-  // kept transposed: Rt_i = pt_{m-1} ... pt_{i+1}, Rt_{i-1} = Rt_i pt_i, Pt = Rt_{-1}
-  T* Rt = W.R.data();
-  T* Rt2 = W.R2.data();
-  std::memcpy(U.kt + (nh * C + (m - 1) * c) * D, ksub(m - 1), sizeof(T) * c * D);
-  std::memcpy(Rt, psub(m - 1), sizeof(T) * D * D);  // Rt_{m-2}
-  for (int64_t i = m - 2; i >= 0; --i) {
-    gemm_rm<T>(c, D, D, ksub(i), D, false, Rt, D, true, U.kt + (nh * C + i * c) * D, D,
-               false);
-    gemm_rm<T>(D, D, D, Rt, D, false, psub(i), D, false, Rt2, D, false);
-    std::swap(Rt, Rt2);
+  T* tmp = W.state.data();  // [C, D]
+  T* P2 = W.R.data();       // [D, D]
+  for (int64_t span = 1; span < m; span *= 2) {
+    for (int64_t lo = 0; lo + span < m; lo += 2 * span) {
+      const int64_t mid = lo + span, hi = std::min(mid + span, m);
+      const int64_t rl = span * c, rr = (hi - mid) * c;  // rows of L and of R
+      const T* PL = Ps + lo * D * D;
+      const T* PR = Ps + mid * D * D;
+      T* KL = U.kt + (nh * C + lo * c) * D;
+      for (int64_t g = 0; g < Gr; ++g) {
+        T* Srows = U.s + (nh * Gr + g) * C * C;
+        T* QR = U.qt + ((nh * Gr + g) * C + mid * c) * D;
+        gemm_rm<T>(rr, rl, D, QR, D, false, KL, D, true, Srows + mid * c * C + lo * c, C,
+                   false);
+        gemm_rm<T>(rr, D, D, QR, D, false, PL, D, false, tmp, D, false);
+        std::memcpy(QR, tmp, sizeof(T) * rr * D);
+      }
+      gemm_rm<T>(rl, D, D, KL, D, false, PR, D, true, tmp, D, false);
+      std::memcpy(KL, tmp, sizeof(T) * rl * D);
+      gemm_rm<T>(D, D, D, PR, D, false, PL, D, false, P2, D, false);
+      std::memcpy(Ps + lo * D * D, P2, sizeof(T) * D * D);
+    }
   }
-  std::memcpy(U.pt + nh * D * D, Rt, sizeof(T) * D * D);
+  std::memcpy(U.pt + nh * D * D, Ps, sizeof(T) * D * D);
 }
 
 template <typename T>
@@ -118,9 +133,8 @@ void run_ut(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb,
     W.sub.resize(m);
     for (auto& sb : W.sub) sb.resize(c, D, Gr, R);
     W.R.resize(D * D);
-    W.R2.resize(D * D);
-    W.state.resize(c * D);
-    W.state2.resize(c * D);
+    W.state.resize(C * D);  // a span's rows
+    W.Ps.resize(m * D * D);
     for (int64_t t = t0; t < t1; ++t) ut_task<T>(U, t / H, t % H, W);
   });
 }

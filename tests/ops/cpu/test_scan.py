@@ -50,6 +50,7 @@ CASES = [  # B, T, HQ, H, D, Dv, C, gates, cu, special
     (1, 300, 3, 3, 128, 64, 64, True, None, "sharp"),
     (2, 300, 2, 1, 16, 16, 32, True, None, "cliff"),
     (1, 513, 1, 1, 24, 40, 128, False, None, ""),
+    (1, 200, 4, 2, 16, 24, 64, True, (0, 7, 200), ""),  # row groups in diagonal strips
 ]
 # key blocks per scan step: every size from one block to the kernels' most (8), and the
 # default (`scan_group`); all give the PyTorch scan's numbers
@@ -122,8 +123,9 @@ def test_kernel_rejects_bad_block_tensors():
     lay, ut, vb, _, _ = _block_inputs(1, 64, 1, 1, 16, 16, 16, False, None, torch.float32)
     args = [ut.qt, ut.kt, ut.pt, ut.s_diag, vb, predecessors(lay), None]
     torch.ops.pathattn_cpu.scan_fwd(*args)  # the good arguments run
-    bad = {1: ut.kt.double(), 5: torch.zeros(lay.NB, dtype=torch.long)}
-    for (i, x), message in zip(bad.items(), ["kt has dtype Double", r"pred\[0\] out of range"]):
+    bad = [(1, ut.kt.double(), "kt has dtype Double"),
+           (5, torch.zeros(lay.NB, dtype=torch.long), r"pred\[0\] out of range")]
+    for i, x, message in bad:
         with pytest.raises(RuntimeError, match=message):
             torch.ops.pathattn_cpu.scan_fwd(*args[:i], x, *args[i + 1:])
     for group in (0, 9):

@@ -76,6 +76,21 @@ def test_fused_ut_gradient_matches_autograd(case, dtype):
         assert err < tol, f"d{name}: max error {err:.2e} relative to max |ref|"
 
 
+@pytest.mark.parametrize("C", [40, 48])
+def test_fused_ut_merges_sub_block_counts_other_than_powers_of_two(C):
+    """5 and 6 sub-blocks of 8 tokens: the merge levels end in shorter spans. Below the
+    diagonal (where the sub-blocks do not matter) the numbers of block_ut's default."""
+    qb, kb, wb, bb = _blocks(2, 1, 2, C, 16, torch.float64, "")
+    ours = fused_block_ut(qb, kb, wb, bb, 0.3, 8)
+    ref = block_ut(qb, kb, wb, bb, 0.3)
+    lower = torch.ones(C, C, dtype=torch.bool).tril().repeat(2, 1)
+    for name in ref._fields:
+        x, r = getattr(ours, name), getattr(ref, name)
+        if name == "s_diag":
+            x, r = x[..., lower], r[..., lower]
+        assert float((x - r).abs().max() / r.abs().max()) < 1e-12, name
+
+
 def test_s_diag_is_zero_above_the_diagonal_sub_blocks():
     qb, kb, wb, bb = _blocks(2, 1, 1, 64, 16, torch.float64)
     s = fused_block_ut(qb, kb, wb, bb, 1.0, 16).s_diag  # [2, 1, 64, 64]
