@@ -1,7 +1,7 @@
 // Workspace of the fused CPU kernels: tensors whose memory is kept for reuse when freed.
 //
 // The kernels allocate the same large temporaries at every call (the UT transform's outputs,
-// the pair tiles, the scans' outputs and accumulators). From the system allocator each is
+// the group tiles, the scans' outputs and accumulators). From the system allocator each is
 // fresh memory: glibc maps a large block anew and returns it to the kernel when freed, so
 // every page is faulted in (and zeroed by the kernel) again at each call, which costs about
 // as much as a pass over the data. Blocks of at least kMinPooledBytes freed by such tensors

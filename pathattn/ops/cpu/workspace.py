@@ -1,7 +1,7 @@
 """The fused kernels' workspace: memory kept for reuse between calls.
 
 The CPU op allocates the same large temporaries at every call (the UT transform's outputs,
-the pair tiles of the scans, the backward's accumulators). Taken from the system
+the group tiles of the scans, the backward's accumulators). Taken from the system
 allocator, each is fresh memory whose pages the operating system faults in and zeroes
 again at each call; at T = 4096 that is tens of MB per forward + backward and costs about
 as much as a pass over the data. The kernels therefore take blocks of 128 KiB and more
