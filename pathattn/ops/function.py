@@ -113,24 +113,26 @@ def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, d
 # block rows (exact: a gather).
 
 
-_LAYOUTS: OrderedDict = OrderedDict()  # (B, T, device, block_size, kernels, bounds) -> layout
+# (B, T, HQ, device, block_size, kernels, H, bounds) -> BlockLayout
+_LAYOUTS: OrderedDict = OrderedDict()
 _KEEP_LAYOUTS = 4
 
 
 def _layout(q: torch.Tensor, cu_seqlens: torch.Tensor | None,
-            block_size: int | None, kernels: bool = False) -> BlockLayout:
+            block_size: int | None, kernels: bool = False,
+            kv_heads: int | None = None) -> BlockLayout:
     """The block layout of q [B, T, ...] (`path_attn.blockwise_layout`). The latest few
     are kept: the backward, and every layer of a model, meet the forward's again."""
     bounds = None
     if cu_seqlens is not None:  # under torch.compile the public checks run in the graph
         check_cu_seqlens(cu_seqlens, q.shape[0], q.shape[1])
         bounds = tuple(cu_seqlens.tolist())
-    key = (q.shape[0], q.shape[1], q.device, block_size, kernels, bounds)
+    key = (q.shape[0], q.shape[1], q.shape[2], q.device, block_size, kernels, kv_heads, bounds)
     lay = _LAYOUTS.pop(key, None)
     if lay is None:
         from .path_attn import blockwise_layout
 
-        lay = blockwise_layout(q, cu_seqlens, block_size, kernels)
+        lay = blockwise_layout(q, cu_seqlens, block_size, kernels, kv_heads)
     _LAYOUTS[key] = lay  # the most recent last
     while len(_LAYOUTS) > _KEEP_LAYOUTS:
         _LAYOUTS.popitem(last=False)
@@ -149,7 +151,7 @@ def blockwise_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
     ("cpu") or PyTorch ops only ("torch")."""
     B, T, HQ, _ = q.shape
     Dv = v.shape[-1]
-    lay = _layout(q, cu_seqlens, block_size, kernels)
+    lay = _layout(q, cu_seqlens, block_size, kernels, k.shape[2])
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
         bi = block_inputs(q, k, v, w, beta, g, lay)
         o_rows, lse = _forward_blocks(lay, *bi.ut, bi.vb, bi.gates, scale, kernels)
@@ -188,7 +190,7 @@ def blockwise_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     and the forward's o and lse, each in its input's dtype; dg is an empty tensor when g is
     None. Re-runs the UT transform and the backward scan (FlashAttention-2 style
     recomputation)."""
-    lay = _layout(q, cu_seqlens, block_size, kernels)
+    lay = _layout(q, cu_seqlens, block_size, kernels, k.shape[2])
     H = k.shape[2]
     cd = compute_dtype(q.dtype)
     # a backward run inside an autocast region keeps the op's own precision rule
@@ -254,7 +256,7 @@ def blockwise_fwd_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: tor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """`forward_with_keys` as an op (no autograd): o [B, T, HQ, Dv] in q's dtype and the
     transformed keys [B, T, H, D] in the compute dtype."""
-    lay = _layout(q, cu_seqlens, block_size, kernels)
+    lay = _layout(q, cu_seqlens, block_size, kernels, k.shape[2])
     with torch.autocast(q.device.type, enabled=False):
         return forward_with_keys(q, k, v, w, beta, g, scale, lay, kernels)
 

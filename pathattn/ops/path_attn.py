@@ -49,10 +49,10 @@ def path_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
             FlashAttention convention). No attention and no Householder product crosses a
             boundary.
         block_size: block length C of the blockwise algorithm, at most 1024 (default 128,
-            256 on the fused CPU kernels once the longest sequence has 4096 tokens
-            (`pathattn.ops.cpu.kernel_block_size`); the longest sequence rounded up to a
-            multiple of 16 when that is shorter; the UT transform itself runs on
-            sub-blocks of at most 64 tokens). With
+            256 on the fused CPU kernels once the longest sequence has 4096 tokens and
+            every query head has its own key head, `pathattn.ops.cpu.kernel_block_size`;
+            the longest sequence rounded up to a multiple of 16 when that is shorter; the
+            UT transform itself runs on sub-blocks of at most 64 tokens). With
             backend="triton": a power of two in [16, 128], default the largest whose
             kernels fit the device's shared memory (`pathattn.ops.triton.config`).
         backend: "auto", or a registered backend: "cpu" (the blockwise algorithm with
@@ -140,18 +140,20 @@ def keys_backend(backend: str, q: torch.Tensor, what: str = "path_attn_with_keys
 
 
 def blockwise_layout(q: torch.Tensor, cu_seqlens: torch.Tensor | None,
-                     block_size: int | None, kernels: bool = False) -> BlockLayout:
-    """The block layout of the blockwise backends for q [B, T, ...] (B * T > 0): blocks of
-    `block_size` tokens, fewer when every sequence is shorter (`default_block_size`).
+                     block_size: int | None, kernels: bool = False,
+                     kv_heads: int | None = None) -> BlockLayout:
+    """The block layout of the blockwise backends for q [B, T, HQ, ...] (B * T > 0): blocks
+    of `block_size` tokens, fewer when every sequence is shorter (`default_block_size`).
     Without `block_size`: DEFAULT_BLOCK_SIZE, or, where the fused CPU kernels run
     (kernels=True and q on the CPU), `pathattn.ops.cpu.kernel_block_size` of the longest
-    sequence."""
+    sequence and HQ / kv_heads query heads per key head (kv_heads: HQ when not given)."""
     B, T = q.shape[:2]
     largest = block_size or DEFAULT_BLOCK_SIZE
     if block_size is None and kernels and q.device.type == "cpu":
         from .cpu import kernel_block_size
 
-        largest = kernel_block_size(longest_sequence(T, cu_seqlens))
+        q_per_kv = q.shape[2] // kv_heads if kv_heads else 1
+        largest = kernel_block_size(longest_sequence(T, cu_seqlens), q_per_kv)
     C = default_block_size(T, cu_seqlens, largest)
     return make_layout(B, T, C, cu_seqlens, q.device)
 

@@ -27,14 +27,18 @@ def test_default_block_size_fits_short_sequences():
 
 def test_fused_kernels_take_longer_blocks_for_long_sequences():
     """Without block_size, the fused CPU kernels ("cpu") run blocks of 256 tokens once the
-    longest sequence has LONG_BLOCK_FROM (4096) tokens; the PyTorch backend, an explicit
-    block_size and shorter sequences keep theirs."""
+    longest sequence has LONG_BLOCK_FROM (4096) tokens and every query head has its own key
+    head; the PyTorch backend, an explicit block_size, grouped queries and shorter
+    sequences keep theirs."""
     from pathattn.ops.cpu import LONG_BLOCK_FROM, kernel_block_size
     from pathattn.ops.path_attn import blockwise_layout
 
     assert LONG_BLOCK_FROM == 4096
     assert kernel_block_size(4095) == 128 and kernel_block_size(4096) == 256
+    assert kernel_block_size(8192, q_per_kv=2) == 128
     q = torch.zeros(1, 4096, 1, 8)
+    assert blockwise_layout(torch.zeros(1, 4096, 4, 8), None, None, True, kv_heads=2).C == 128
+    assert blockwise_layout(torch.zeros(1, 4096, 4, 8), None, None, True, kv_heads=4).C == 256
     assert blockwise_layout(q, None, None, kernels=True).C == 256
     assert blockwise_layout(q, None, None, kernels=False).C == 128
     assert blockwise_layout(q, None, 64, kernels=True).C == 64
@@ -50,7 +54,7 @@ def test_long_blocks_change_nothing_but_rounding():
     """path_attn on the fused kernels over 4096 tokens (blocks of 256) against blocks of
     128, forward and every gradient, in float64."""
     inputs = [x.requires_grad_() for x in
-              make_inputs(1, 4096, 2, 1, 16, 16, gates=True, dtype=torch.float64)]
+              make_inputs(1, 4096, 2, 2, 16, 16, gates=True, dtype=torch.float64)]
     outs = []
     for block_size in (None, 128):
         o = path_attn(*inputs, backend="cpu", block_size=block_size)

@@ -24,14 +24,18 @@ _GROUP_TILE = 3 * 65536
 LONG_BLOCK_FROM = 4096
 
 
-def kernel_block_size(longest: int) -> int:
+def kernel_block_size(longest: int, q_per_kv: int = 1) -> int:
     """Default block size of the fused CPU kernels for a longest sequence of `longest`
-    tokens: 128, or 256 from LONG_BLOCK_FROM tokens on. Larger blocks halve the scans'
-    state updates ([D, D] products per key block) and cost more in the UT transform and
-    the diagonal blocks, whose work grows with C per token; measured on 2 cores at
-    H = 8, D = 64, 256 is the faster block from T = 4096 on, 128 below
-    (`benchmarks/bench_path_attn_cpu.py --block-size`)."""
-    return 256 if longest >= LONG_BLOCK_FROM else 128
+    tokens and q_per_kv query heads per key/value head: 256 from LONG_BLOCK_FROM tokens on
+    without grouped queries, else 128. Larger blocks halve the scans' state updates ([D, D]
+    products per key block) and cost more in the UT transform and the diagonal blocks,
+    whose work per token grows with C. Measured on 2 cores at T = 4096, D = 64, 8 query
+    heads (`benchmarks/bench_path_attn_cpu.py --block-size`): with 8 key heads, 256 is
+    faster forward (149 against 156 ms) and forward + backward (541-552 against 558-568
+    ms), and at T = 8192 too; below 4096 tokens 128 is as fast or faster; with 4 key heads
+    (a task's logit tiles twice as tall) 256 is 2 % faster forward and 3 %
+    slower forward + backward, with 2 key heads 4 % slower forward + backward."""
+    return 256 if longest >= LONG_BLOCK_FROM and q_per_kv == 1 else 128
 
 
 def predecessors(lay: BlockLayout) -> torch.Tensor:
