@@ -7,7 +7,7 @@ reference, and the relative error ||ours - ref|| / ||ref|| of each is printed. T
 reference is `path_attn_naive` (tokens one at a time) up to T = 512 and
 `path_attn_full_matrix` (the masked UT form, T x T) above.
 
-    python benchmarks/accuracy_path_attn.py                # the grid and T = 2048
+    python benchmarks/accuracy_path_attn.py                # the grid, T = 2048 and 4096
     python benchmarks/accuracy_path_attn.py --torch-scan   # also without the C++ kernels
 """
 
@@ -32,6 +32,7 @@ CONFIGS = [
     (1, 300, 8, 2, 128, 64, True, None),
     (1, 2048, 2, 2, 64, 64, True, None),
     (1, 2048, 2, 2, 64, 64, False, None),
+    (1, 4096, 2, 2, 64, 64, True, None),  # the C++ kernels' 256-token blocks
 ]
 
 
