@@ -34,6 +34,7 @@ CASES = [  # NB, H, Gr, C, D, sub_block, special
     (2, 1, 2, 128, 128, None, "w_big"),
     (2, 2, 1, 32, 8, 32, ""),
     (1, 1, 1, 16, 20, 4, ""),
+    (1, 2, 2, 128, 16, 16, ""),  # 8 sub-blocks: three merge levels
 ]
 
 
