@@ -182,11 +182,7 @@ void group_grads(const BwdArgs<T>& A, const std::vector<int64_t>& succ, T* dkt, 
       const int64_t n = step_blocks(A, b, x);
       const bool follows = A.pred[x[n - 1]] >= 0;
       T* sh = share + t * g * D * D;
-      // M_k (k = 1 .. n - 1) in Ms[k], as group_tiles forms them
-      if (n > 1) std::memcpy(Ms.data() + D * D, A.pt + t * D * D, sizeof(T) * D * D);
-      for (int64_t k = 1; k + 1 < n; ++k)
-        gemm_rm<T>(D, D, D, Ms.data() + k * D * D, D, false, A.pt + (x[k] * H + h) * D * D,
-                   D, false, Ms.data() + (k + 1) * D * D, D, false);
+      step_products(A, x, h, n - 1, Ms.data());  // M_k in Ms[k], k = 1 .. n - 1
       T* dm = dM.data();   // dM_{k+1}
       T* dm2 = dM2.data();
       if (follows) {

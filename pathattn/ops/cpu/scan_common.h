@@ -158,6 +158,20 @@ inline int64_t step_blocks(const ScanInputs<T>& A, int64_t b, int64_t* x) {
   return n;
 }
 
+// The products M_1 = Pt_{x_0}, M_{k+1} = M_k Pt_{x_k} of a step's blocks x (head h) for
+// k + 1 <= last, into Ms [last + 1, D, D] at index k (index 0 unused). group_tiles and the
+// backward's group_grads both form them here, so that they round alike.
+template <typename T>
+void step_products(const ScanInputs<T>& A, const int64_t* x, int64_t h, int64_t last,
+                   T* Ms) {
+  const int64_t H = A.H, D = A.D;
+  if (last < 1) return;
+  std::memcpy(Ms + D * D, A.pt + (x[0] * H + h) * D * D, sizeof(T) * D * D);
+  for (int64_t k = 1; k < last; ++k)
+    gemm_rm<T>(D, D, D, Ms + k * D * D, D, false, A.pt + (x[k] * H + h) * D * D, D, false,
+               Ms + (k + 1) * D * D, D, false);
+}
+
 template <typename T>
 GroupTiles group_tiles(const ScanInputs<T>& A, const at::TensorOptions& opt) {
   const int64_t NB = A.NB, H = A.H, C = A.C, D = A.D, g = A.group;
@@ -165,27 +179,19 @@ GroupTiles group_tiles(const ScanInputs<T>& A, const at::TensorOptions& opt) {
   T* kk = P.kk.data_ptr<T>();
   T* pg = P.pg.data_ptr<T>();
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> m0(D * D), m1(D * D);
+    std::vector<T> Ms((g + 1) * D * D);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / H, h = t % H;
       int64_t x[kMaxGroup];
       const int64_t n = step_blocks(A, b, x);
       const bool follows = A.pred[x[n - 1]] >= 0;
+      step_products(A, x, h, follows ? n : n - 1, Ms.data());
       T* kkb = kk + t * g * C * D;
       std::memcpy(kkb, A.kt + t * C * D, sizeof(T) * C * D);
-      const T* M = A.pt + t * D * D;  // M_1
-      T* next = m0.data();
-      for (int64_t k = 1; k < n; ++k) {
-        const int64_t xh = x[k] * H + h;
-        gemm_rm<T>(C, D, D, A.kt + xh * C * D, D, false, M, D, true, kkb + k * C * D, D,
-                   false);
-        if (k + 1 < n || follows) {  // M_{k+1} = M_k Pt_{x_k}
-          gemm_rm<T>(D, D, D, M, D, false, A.pt + xh * D * D, D, false, next, D, false);
-          M = next;
-          next = next == m0.data() ? m1.data() : m0.data();
-        }
-      }
-      if (follows) std::memcpy(pg + t * D * D, M, sizeof(T) * D * D);
+      for (int64_t k = 1; k < n; ++k)
+        gemm_rm<T>(C, D, D, A.kt + (x[k] * H + h) * C * D, D, false, Ms.data() + k * D * D,
+                   D, true, kkb + k * C * D, D, false);
+      if (follows) std::memcpy(pg + t * D * D, Ms.data() + n * D * D, sizeof(T) * D * D);
     }
   });
   return P;
