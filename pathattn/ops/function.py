@@ -5,7 +5,9 @@ code, and a compiled graph holds each pass as one node (fullgraph, dynamic shape
 cu_seqlens).
 
 forward: tokens -> blocks -> UT transform (no graph) -> right-to-left scan; saves only the
-inputs, the output and the log-sum-exp of every row (O(T * D) per head).
+inputs, the output and the log-sum-exp of every row (O(T * D) per head). Where the fused
+CPU kernels run and no block is padded (`layout.block_starts`), they read the token tensors
+in place and write the output's tokens: no gather into blocks, no scatter back.
 backward: re-runs the UT transform under autograd, runs the backward scan (FlashAttention-2
 style recomputation), and pulls the gradients of (Q~, K~, Pt, in-block logits) back to
 (q, k, w, beta) with torch.autograd.grad. Gate and value gradients come from the scan.
@@ -20,14 +22,17 @@ import torch
 
 from .cpu import (
     fused_block_ut,
+    fused_token_scan,
+    fused_token_ut,
     fused_ut_applies,
+    load_kernels,
     scan_backward,
     scan_forward,
     ut_backward,
     ut_forward,
 )
-from .gates import gate_grad
-from .layout import BlockLayout
+from .gates import block_gates, gate_grad
+from .layout import BlockLayout, block_starts
 from .stages import (
     block_inputs,
     compute_dtype,
@@ -49,6 +54,39 @@ def _forward_blocks(lay: BlockLayout, qb, kb, wb, bb, vb, gates, scale: float,
     [NB, H, R, Dv] and lse [NB, H, R]."""
     ut = ut_forward(qb, kb, wb, bb, scale, kernels)
     return scan_forward(lay, ut, vb, gates, wb, bb, kernels)
+
+
+def _token_starts(q: torch.Tensor, lay: BlockLayout, kernels: bool) -> torch.Tensor | None:
+    """The blocks' first tokens when the forward reads the token tensors in place (fused CPU
+    kernels allowed and built, no padded block: `layout.block_starts`), else None."""
+    if not (kernels and q.device.type == "cpu" and load_kernels()):
+        return None
+    return block_starts(lay)
+
+
+def _token_rows(x: torch.Tensor, N: int, heads: int, cd: torch.dtype) -> torch.Tensor:
+    """Token tensor [B, T, heads, ...] -> [N, heads, F] in dtype cd (a view where the
+    strides allow), unit stride along F as the kernels read it."""
+    x = x.reshape(N, heads, -1).to(cd)
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _forward_tokens(lay: BlockLayout, start: torch.Tensor, q, k, v, w, beta, g,
+                    scale: float):
+    """The forward by the fused CPU kernels, read straight from the token tensors (inputs as
+    `blockwise_fwd`; start = `_token_starts`). Returns o [N, HQ, Dv] and lse [N, HQ] in the
+    compute dtype (N = B * T), and the UT quantities (`BlockUT`, block tensors): the
+    numbers of the block path."""
+    B, T, HQ, _ = q.shape
+    H, N = k.shape[2], B * T
+    cd = compute_dtype(q.dtype)
+    ut = fused_token_ut(_token_rows(q, N, HQ, cd), _token_rows(k, N, H, cd),
+                        _token_rows(w, N, H, cd), _token_rows(beta, N, H, cd), start, lay.C,
+                        scale)
+    gates = None if g is None else block_gates(g.reshape(N, HQ), lay, H)
+    o, lse = fused_token_scan(lay, start, ut.qt, ut.kt, ut.pt, ut.s_diag,
+                              _token_rows(v, N, H, cd), gates)
+    return o, lse, ut
 
 
 def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, delta,
@@ -153,6 +191,10 @@ def blockwise_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
     Dv = v.shape[-1]
     lay = _layout(q, cu_seqlens, block_size, kernels, k.shape[2])
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
+        start = _token_starts(q, lay, kernels)
+        if start is not None:
+            o, lse, _ = _forward_tokens(lay, start, q, k, v, w, beta, g, scale)
+            return o.view(B, T, HQ, Dv), lse.view(B, T, HQ)
         bi = block_inputs(q, k, v, w, beta, g, lay)
         o_rows, lse = _forward_blocks(lay, *bi.ut, bi.vb, bi.gates, scale, kernels)
         o = rows_to_tokens(o_rows, lay, (B, T, HQ, Dv))
@@ -280,8 +322,14 @@ def forward_with_keys(q, k, v, w, beta, g, scale: float, lay: BlockLayout,
     """
     B, T, HQ, _ = q.shape
     H, D, Dv = k.shape[2], k.shape[3], v.shape[-1]
-    bi = block_inputs(q, k, v, w, beta, g, lay)
-    ut = ut_forward(*bi.ut, scale, kernels)
-    o_rows, _ = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb, kernels)
+    start = _token_starts(q, lay, kernels)
+    if start is not None:
+        o, _, ut = _forward_tokens(lay, start, q, k, v, w, beta, g, scale)
+        o = o.view(B, T, HQ, Dv)
+    else:
+        bi = block_inputs(q, k, v, w, beta, g, lay)
+        ut = ut_forward(*bi.ut, scale, kernels)
+        o_rows, _ = scan_forward(lay, ut, bi.vb, bi.gates, bi.wb, bi.bb, kernels)
+        o = rows_to_tokens(o_rows, lay, (B, T, HQ, Dv))
     keys = kv_tokens(ut.kt @ suffix_transitions(lay, ut.pt), lay, (B, T, H, D))
-    return rows_to_tokens(o_rows, lay, (B, T, HQ, Dv)).to(q.dtype), keys
+    return o.to(q.dtype), keys

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["BlockLayout", "make_layout", "to_blocks", "from_blocks", "to_head_blocks",
-           "from_head_blocks", "sequence_bounds", "token_bounds"]
+           "from_head_blocks", "block_starts", "sequence_bounds", "token_bounds"]
 
 
 @dataclass
@@ -219,6 +219,16 @@ def from_head_blocks(xb: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
     idx = head_major_index(lay, H)
     rows = xb.reshape(lay.NB * H * lay.C, -1).index_select(0, idx.scatter)  # [B*T*H, M]
     return rows.view((lay.n_tokens, H) + F)
+
+
+def block_starts(lay: BlockLayout) -> torch.Tensor | None:
+    """[NB] int64: the first token of every block (in scan order) when no block has a padding
+    slot, so that each block is C consecutive tokens of one sequence (dense batches and
+    packed sequences whose lengths are multiples of C); None otherwise. The fused CPU
+    kernels then read and write the token tensors in place (`pathattn.ops.cpu`)."""
+    if lay.NB == 0 or lay.pad_slots.numel():
+        return None
+    return lay.slot_token.view(lay.NB, lay.C)[:, 0].contiguous()
 
 
 def sequence_bounds(B: int, T: int, cu_seqlens: torch.Tensor | None

@@ -48,6 +48,14 @@ def make_dout(B: int, T: int, HQ: int, Dv: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(B, T, HQ, Dv, generator=gen)
 
 
+def strided_view(x: torch.Tensor) -> torch.Tensor:
+    """x's values in a view whose rows lie further apart (as slices of a fused projection
+    do), unit stride along the last dim: not contiguous."""
+    wide = torch.zeros(x.shape[:-1] + (2 * x.shape[-1] + 3,), dtype=x.dtype)
+    wide[..., 1: 1 + x.shape[-1]] = x
+    return wide[..., 1: 1 + x.shape[-1]]
+
+
 def cast(inputs: tuple, dtype: torch.dtype) -> tuple:
     """Every tensor of `inputs` in `dtype`; None stays None."""
     return tuple(None if x is None else x.to(dtype) for x in inputs)

@@ -1,5 +1,5 @@
 """Block layouts (`pathattn.ops.layout`): the dense path of the token <-> block maps against
-their general gathers."""
+their general gathers, and the blocks' first tokens (`block_starts`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from pathattn.ops.layout import from_head_blocks, make_layout, to_head_blocks
+from pathattn.ops.layout import block_starts, from_head_blocks, make_layout, to_head_blocks
 
 SHAPES = [  # B, T, C, H, features
     (1, 512, 128, 8, (64,)),
@@ -49,3 +49,23 @@ def test_dense_blocks_follow_the_scan_order():
             first = s * T + l * C
             assert torch.equal(xb[T // C - 1 - l, s], torch.arange(first, first + C,
                                                                      dtype=torch.float64))
+
+
+@pytest.mark.parametrize("cu", [None, (0, 64, 96, 224)], ids=["dense", "packed"])
+def test_block_starts_are_each_blocks_tokens(cu):
+    """Without padding, block n is the C tokens from block_starts[n] on: what the gather
+    into blocks reads."""
+    B, T, C = (2, 96, 32) if cu is None else (1, 224, 32)
+    lay = make_layout(B, T, C, None if cu is None else torch.tensor(cu), torch.device("cpu"))
+    start = block_starts(lay)
+    assert start.dtype == torch.long and start.shape == (lay.NB,) and start.is_contiguous()
+    tokens = torch.arange(B * T, dtype=torch.float64).view(B * T, 1)
+    blocks = to_head_blocks(tokens, lay).view(lay.NB, C)
+    assert torch.equal(blocks, (start[:, None] + torch.arange(C)).double())
+
+
+@pytest.mark.parametrize("cu", [None, (0, 50, 96)], ids=["dense", "packed"])
+def test_block_starts_refuse_padded_blocks(cu):
+    lay = make_layout(1, 100 if cu is None else 96, 32,
+                      None if cu is None else torch.tensor(cu), torch.device("cpu"))
+    assert lay.pad_slots.numel() > 0 and block_starts(lay) is None

@@ -1,6 +1,6 @@
 """Just-in-time build of the fused CPU kernels (scan_fwd.cpp, scan_bwd.cpp, ut_fwd.cpp,
 ut_bwd.cpp, flops.cpp's FLOP counter and workspace.cpp's reusable memory; the headers
-common.h, scan_common.h, ut_common.h and workspace.h) with torch.utils.cpp_extension.
+common.h, rows.h, scan_common.h, ut_common.h and workspace.h) with torch.utils.cpp_extension.
 
 The kernel is compiled on first use (about 10 to 30 s, announced by one line on stderr;
 cached under torch's extension directory, TORCH_EXTENSIONS_DIR) for the instruction set
@@ -355,6 +355,17 @@ def _register_fake() -> None:
         NB, H, Gr, C, D = qb.shape
         return (qb.new_empty(NB, H, Gr * C, D), torch.empty_like(kb), qb.new_empty(NB, H, D, D),
                 qb.new_empty(NB, H, Gr * C, C))
+
+    @torch.library.register_fake("pathattn_cpu::scan_fwd_tokens")
+    def _(qt, kt, pt, s_diag, v, start, pred, G, group=4):
+        HQ = qt.shape[1] * (qt.shape[2] // kt.shape[2])
+        return qt.new_empty(v.shape[0], HQ, v.shape[-1]), qt.new_empty(v.shape[0], HQ)
+
+    @torch.library.register_fake("pathattn_cpu::ut_fwd_tokens")
+    def _(q, k, w, beta, start, block, scale, sub_block):
+        NB, H, Gr, D = start.shape[0], k.shape[1], q.shape[1] // k.shape[1], q.shape[2]
+        return (q.new_empty(NB, H, Gr * block, D), q.new_empty(NB, H, block, D),
+                q.new_empty(NB, H, D, D), q.new_empty(NB, H, Gr * block, block))
 
     @torch.library.register_fake("pathattn_cpu::ut_bwd")
     def _(qb, kb, wb, bb, scale, sub_block, dqt, dkt, dpt, ds):

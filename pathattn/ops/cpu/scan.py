@@ -15,6 +15,7 @@ from ..ut import BlockUT
 from .build import load_kernels
 
 __all__ = ["scan_forward", "scan_backward", "fused_forward_scan", "fused_backward_scan",
+           "fused_token_scan",
            "predecessors", "fused_scan_applies", "scan_group", "kernel_block_size",
            "LONG_BLOCK_FROM"]
 
@@ -72,6 +73,19 @@ def fused_forward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGat
     rounding). Returns o [NB, H, R, Dv] and lse [NB, H, R]."""
     return torch.ops.pathattn_cpu.scan_fwd(*_kernel_args(lay, qt, kt, pt, s_diag, vb, gates),
                                            _group(lay, qt, kt, group))
+
+
+def fused_token_scan(lay: BlockLayout, start: torch.Tensor, qt, kt, pt, s_diag, v,
+                     gates: BlockGates | None, group: int | None = None):
+    """`fused_forward_scan` reading the values from, and writing its outputs to, token
+    tensors: v [N, H, Dv] (unit stride along Dv); start [NB] int64, block n holding tokens
+    [start[n], start[n] + C) (`pathattn.ops.layout.block_starts`). Returns o [N, HQ, Dv]
+    and lse [N, HQ] (HQ = H * R / C, query head h * Gr + g), the same numbers as
+    `fused_forward_scan` of those blocks."""
+    G = None if gates is None else gates.G.contiguous()
+    return torch.ops.pathattn_cpu.scan_fwd_tokens(
+        qt.contiguous(), kt.contiguous(), pt.contiguous(), s_diag.contiguous(), v, start,
+        predecessors(lay), G, _group(lay, qt, kt, group))
 
 
 def _group(lay, qt, kt, group):

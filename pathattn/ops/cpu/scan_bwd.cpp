@@ -98,12 +98,11 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     const int64_t p = i % C;
     T* row = S + i * C;
     if (gated) diag_gate_row(row, A.G + (ah * Gr + i / C) * C, p);
-    for (int64_t j = 0; j <= p; ++j) row[j] -= lse[i];
-    exp_nonpos(row, static_cast<int>(p + 1));
+    exp_shifted(row, static_cast<int>(p + 1), lse[i]);
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;
   }
   diag_keys_times<T>(R, C, Dv, S, dO, A.dv + ah * C * Dv);
-  diag_rows_times_t<T>(R, C, Dv, dO, A.vb + ah * C * Dv, dP);
+  diag_rows_times_t<T>(R, C, Dv, dO, A.v.at(a, h), A.v.ld(), dP);
   T* dcol_a[1] = {gated ? A.dcol + ah * Gr * C : nullptr};
   tile_dS<T>(S, dP, delta, R, C, C, gated ? dcol_a : nullptr);
   std::memcpy(A.ds_diag + ah * R * C, dP, sizeof(T) * R * C);
@@ -135,16 +134,12 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     const T* sk = st + k * R * D;
     const T* kkb = A.kk + bh * g_ * C * D;
     const int64_t Wd = step_logits(A, A.kk, sk, a, h, x, nb, S);  // as the forward kernel
-    for (int64_t i = 0; i < R; ++i) {
-      T* row = S + i * Wd;
-      for (int64_t j = 0; j < Wd; ++j) row[j] -= lse[i];
-      exp_nonpos(row, static_cast<int>(Wd));
-    }
+    for (int64_t i = 0; i < R; ++i) exp_shifted(S + i * Wd, static_cast<int>(Wd), lse[i]);
     T* dcol[kMaxGroup];
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t xh = x[j] * H + h;
       gemm_rm<T>(C, Dv, R, S + j * C, Wd, true, dO, Dv, false, A.dv + xh * C * Dv, Dv, true);
-      gemm_rm<T>(R, C, Dv, dO, Dv, false, A.vb + xh * C * Dv, Dv, true, dP + j * C, Wd,
+      gemm_rm<T>(R, C, Dv, dO, Dv, false, A.v.at(x[j], h), A.v.ld(), true, dP + j * C, Wd,
                  false);
       dcol[j] = gated ? A.dcol + xh * Gr * C : nullptr;
     }

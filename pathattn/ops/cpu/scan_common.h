@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.h"
+#include "rows.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -16,46 +17,61 @@ namespace pathattn_cpu {
 inline constexpr int64_t kMaxGroup = 8;  // most key blocks per scan step (group steps)
 
 // qt [NB, H, R, D]; kt [NB, H, C, D]; pt [NB, H, D, D]; s_diag [NB, H, R, C];
-// vb [NB, H, C, Dv]; pred [NB] int64 (row of the previous block of the sequence, or -1);
-// gates: G [NB, H, Gr, C] float64, the per-sequence cumulative log forget gates at every
-// slot (`gates.BlockGates`), or none.
+// values vb [NB, H, C, Dv], or v [N, H, Dv] read in place with block n holding tokens
+// [start[n], start[n] + C) (rows.h); pred [NB] int64 (row of the previous block of the
+// sequence, or -1); gates: G [NB, H, Gr, C] float64, the per-sequence cumulative log
+// forget gates at every slot (`gates.BlockGates`), or none.
 template <typename T>
 struct ScanInputs {
-  const T *qt, *kt, *pt, *s_diag, *vb;
+  const T *qt, *kt, *pt, *s_diag;
+  Rows<const T> v;  // the values of block b, head h: v.at(b, h), row stride v.ld()
   const double* G;  // nullptr without gates
   const int64_t* pred;
   int64_t NB, H, R, C, D, Dv;
   int64_t group;  // key blocks per scan step (group steps, below)
 
+  // start: nullptr with block values vb, the blocks' first tokens with token values v
   ScanInputs(const at::Tensor& qt_, const at::Tensor& kt_, const at::Tensor& pt_,
-             const at::Tensor& s_diag_, const at::Tensor& vb_, const at::Tensor& pred_,
-             const std::optional<at::Tensor>& G_, int64_t group_)
+             const at::Tensor& s_diag_, const at::Tensor& v_, const at::Tensor& pred_,
+             const std::optional<at::Tensor>& G_, int64_t group_,
+             const int64_t* start = nullptr)
       : qt(qt_.data_ptr<T>()), kt(kt_.data_ptr<T>()), pt(pt_.data_ptr<T>()),
-        s_diag(s_diag_.data_ptr<T>()), vb(vb_.data_ptr<T>()),
+        s_diag(s_diag_.data_ptr<T>()),
+        v(start ? Rows<const T>(v_, start, kt_.size(2))
+                : Rows<const T>(v_.data_ptr<T>(), qt_.size(1), kt_.size(2), v_.size(3))),
         G(G_.has_value() ? G_->data_ptr<double>() : nullptr),
         pred(pred_.data_ptr<int64_t>()), NB(qt_.size(0)), H(qt_.size(1)), R(qt_.size(2)),
-        C(kt_.size(2)), D(qt_.size(3)), Dv(vb_.size(3)), group(group_) {}
+        C(kt_.size(2)), D(qt_.size(3)), Dv(v_.size(v_.dim() - 1)), group(group_) {}
 };
 
-// The checks of ScanInputs' tensors (op names the kernel in the messages).
+// The checks of ScanInputs' tensors (op names the kernel in the messages). start: nullptr
+// for block values vb [NB, H, C, Dv], else the blocks' first tokens [NB] (int64) of token
+// values v [N, H, Dv].
 inline void check_scan_inputs(const char* op, const at::Tensor& qt, const at::Tensor& kt,
                               const at::Tensor& pt, const at::Tensor& s_diag,
                               const at::Tensor& vb, const at::Tensor& pred,
-                              const std::optional<at::Tensor>& G, int64_t group) {
+                              const std::optional<at::Tensor>& G, int64_t group,
+                              const at::Tensor* start = nullptr) {
   const auto dt = qt.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
   check_input(op, qt, "qt", 4, dt);
   check_input(op, kt, "kt", 4, dt);
   check_input(op, pt, "pt", 4, dt);
   check_input(op, s_diag, "s_diag", 4, dt);
-  check_input(op, vb, "vb", 4, dt);
   check_input(op, pred, "pred", 1, at::kLong);
   const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), D = qt.size(3);
-  const int64_t C = kt.size(2), Dv = vb.size(3);
+  const int64_t C = kt.size(2);
   TORCH_CHECK(kt.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": kt shape");
   TORCH_CHECK(pt.sizes() == at::IntArrayRef({NB, H, D, D}), op, ": pt shape");
   TORCH_CHECK(s_diag.sizes() == at::IntArrayRef({NB, H, R, C}), op, ": s_diag shape");
-  TORCH_CHECK(vb.sizes() == at::IntArrayRef({NB, H, C, Dv}), op, ": vb shape");
+  if (start == nullptr) {
+    check_input(op, vb, "vb", 4, dt);
+    TORCH_CHECK(vb.sizes() == at::IntArrayRef({NB, H, C, vb.size(3)}), op, ": vb shape");
+  } else {
+    TORCH_CHECK(vb.dim() == 3, op, ": v must be [N, H, Dv], got ", vb.dim(), " dims");
+    check_token_input(op, vb, "v", H, vb.size(2), dt);
+    check_block_starts(op, *start, NB, C, vb.size(0));
+  }
   TORCH_CHECK(R % C == 0 && pred.size(0) == NB, op, ": R or pred shape");
   TORCH_CHECK(group >= 1 && group <= kMaxGroup, op, ": group must be in [1, ", kMaxGroup,
               "], got ", group);
@@ -88,16 +104,16 @@ inline int64_t diag_strips(int64_t C) {
   return C >= kDiagStripsFrom && C % kDiagStrips == 0 ? kDiagStrips : 1;
 }
 
-// out [R, N] (=, or += when accumulate) P [R, C] @ B [C, N], P zero above each row
-// group's diagonal (row i of a group reads keys j <= i).
+// out [R, N] (=, or += when accumulate) P [R, C] @ B [C, N] (row stride ldb), P zero
+// above each row group's diagonal (row i of a group reads keys j <= i).
 template <typename T>
-void diag_rows_times(int64_t R, int64_t C, int64_t N, const T* P, const T* B, T* out,
-                     bool accumulate) {
+void diag_rows_times(int64_t R, int64_t C, int64_t N, const T* P, const T* B, int64_t ldb,
+                     T* out, bool accumulate) {
   const int64_t ns = diag_strips(C), cs = C / ns;
   for (int64_t g = 0; g < R / C; ++g)
     for (int64_t r = 0; r < ns; ++r) {
       const int64_t row = g * C + r * cs;
-      gemm_rm<T>(cs, N, (r + 1) * cs, P + row * C, C, false, B, N, false, out + row * N, N,
+      gemm_rm<T>(cs, N, (r + 1) * cs, P + row * C, C, false, B, ldb, false, out + row * N, N,
                  accumulate);
     }
 }
@@ -114,14 +130,16 @@ void diag_keys_times(int64_t R, int64_t C, int64_t N, const T* P, const T* X, T*
     }
 }
 
-// dP [R, C] = X [R, N] @ B [C, N]^T on each row's keys j <= i's strip, zero beyond it.
+// dP [R, C] = X [R, N] @ B [C, N]^T (B's row stride ldb) on each row's keys j <= i's
+// strip, zero beyond it.
 template <typename T>
-void diag_rows_times_t(int64_t R, int64_t C, int64_t N, const T* X, const T* B, T* dP) {
+void diag_rows_times_t(int64_t R, int64_t C, int64_t N, const T* X, const T* B,
+                       int64_t ldb, T* dP) {
   const int64_t ns = diag_strips(C), cs = C / ns;
   for (int64_t g = 0; g < R / C; ++g)
     for (int64_t r = 0; r < ns; ++r) {
       const int64_t row = g * C + r * cs, w = (r + 1) * cs;
-      gemm_rm<T>(cs, w, N, X + row * N, N, false, B, N, true, dP + row * C, C, false);
+      gemm_rm<T>(cs, w, N, X + row * N, N, false, B, ldb, true, dP + row * C, C, false);
       for (int64_t i = row; i < row + cs; ++i) std::fill(dP + i * C + w, dP + (i + 1) * C, T(0));
     }
 }

@@ -15,6 +15,7 @@
 //
 // Outputs o = acc / den [NB, H, R, Dv] and lse = m + log(den) [NB, H, R]: the numbers of
 // the PyTorch scan up to rounding, with its exp cutoff (arguments below -64 give exactly 0).
+// scan_fwd_tokens reads the values from, and writes o and lse to, token tensors (rows.h).
 
 #include "scan_common.h"
 
@@ -39,9 +40,11 @@ using namespace pathattn_cpu;
 
 template <typename T>
 struct Args : ScanInputs<T> {
-  T *o, *lse;  // outputs [NB, H, R, Dv], [NB, H, R]
-  Args(const ScanInputs<T>& in, at::Tensor& o_, at::Tensor& lse_)
-      : ScanInputs<T>(in), o(o_.data_ptr<T>()), lse(lse_.data_ptr<T>()) {}
+  // outputs: o [NB, H, R, Dv] and lse [NB, H, R] as rows of the H Gr query heads, or token
+  // tensors o [N, H Gr, Dv] and lse [N, H Gr] (rows.h)
+  Rows<T> o, lse;
+  Args(const ScanInputs<T>& in, Rows<T> o_, Rows<T> lse_)
+      : ScanInputs<T>(in), o(o_), lse(lse_) {}
 };
 
 template <typename T>
@@ -68,12 +71,10 @@ void run_task(const Args<T>& A, const T* kk, const T* pg, int64_t a, int64_t h,
     if (gated) diag_gate_row(row, A.G + (ah * Gr + g) * C, p);
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;  // masked: probability 0
     const T mx = row_max(row, static_cast<int>(p + 1));
-    for (int64_t j = 0; j <= p; ++j) row[j] -= mx;
-    exp_nonpos(row, static_cast<int>(p + 1));
     m[i] = mx;
-    den[i] = row_sum(row, static_cast<int>(p + 1));
+    den[i] = exp_shifted_sum(row, static_cast<int>(p + 1), mx);
   }
-  diag_rows_times<T>(R, C, Dv, S, A.vb + ah * C * Dv, acc, false);
+  diag_rows_times<T>(R, C, Dv, S, A.v.at(a, h), A.v.ld(), acc, false);
 
   // ---- key blocks to the left, right to left, a group per step
   const T* state = A.qt + ah * R * D;
@@ -85,9 +86,7 @@ void run_task(const Args<T>& A, const T* kk, const T* pg, int64_t a, int64_t h,
     for (int64_t i = 0; i < R; ++i) {
       T* row = S + i * W;
       const T m_new = std::max(m[i], row_max(row, static_cast<int>(W)));
-      for (int64_t j = 0; j < W; ++j) row[j] -= m_new;
-      exp_nonpos(row, static_cast<int>(W));
-      sum[i] = row_sum(row, static_cast<int>(W));
+      sum[i] = exp_shifted_sum(row, static_cast<int>(W), m_new);
       alpha[i] = m[i] - m_new;
       m[i] = m_new;
     }
@@ -101,8 +100,8 @@ void run_task(const Args<T>& A, const T* kk, const T* pg, int64_t a, int64_t h,
       den[i] += sum[i];
     }
     for (int64_t k = 0; k < n; ++k)
-      gemm_rm<T>(R, Dv, C, S + k * C, W, false, A.vb + (x[k] * H + h) * C * Dv, Dv, false,
-                 acc, Dv, true);
+      gemm_rm<T>(R, Dv, C, S + k * C, W, false, A.v.at(x[k], h), A.v.ld(), false, acc, Dv,
+                 true);
     const int64_t after = A.pred[x[n - 1]];  // where the next step starts
     if (after < 0) break;
     gemm_rm<T>(R, D, D, state, D, false, pg + (b * H + h) * D * D, D, false, next, D, false);
@@ -111,13 +110,13 @@ void run_task(const Args<T>& A, const T* kk, const T* pg, int64_t a, int64_t h,
     b = after;
   }
 
-  // ---- normalise
-  T* o = A.o + ah * R * Dv;
-  T* lse = A.lse + ah * R;
+  // ---- normalise: row i is position i % C of query head h Gr + i / C
   for (int64_t i = 0; i < R; ++i) {
+    const int64_t head = h * Gr + i / C, p = i % C;
+    T* o = A.o.at(a, head) + p * A.o.ld();
     const T inv = T(1) / den[i];
-    for (int64_t e = 0; e < Dv; ++e) o[i * Dv + e] = acc[i * Dv + e] * inv;
-    lse[i] = m[i] + std::log(den[i]);
+    for (int64_t e = 0; e < Dv; ++e) o[e] = acc[i * Dv + e] * inv;
+    A.lse.at(a, head)[p * A.lse.ld()] = m[i] + std::log(den[i]);
   }
 }
 
@@ -148,15 +147,48 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd(
   const FlopScope flops(kScanFwd);
   check_scan_inputs("scan_fwd", qt, kt, pt, s_diag, vb, pred, G, group);
   const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
+  const int64_t C = kt.size(2), HQ = H * (R / C);
   auto o = workspace_empty({NB, H, R, Dv}, qt.options());
   auto lse = workspace_empty({NB, H, R}, qt.options());
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    run_all<T>(Args<T>(ScanInputs<T>(qt, kt, pt, s_diag, vb, pred, G, group),
+                       Rows<T>(o.data_ptr<T>(), HQ, C, Dv), Rows<T>(lse.data_ptr<T>(), HQ, C, 1)),
+               qt.options());
+  };
   if (qt.scalar_type() == at::kFloat) {
-    run_all<float>(Args<float>(ScanInputs<float>(qt, kt, pt, s_diag, vb, pred, G, group), o, lse),
-                   qt.options());
+    run(0.f);
   } else {
-    run_all<double>(
-        Args<double>(ScanInputs<double>(qt, kt, pt, s_diag, vb, pred, G, group), o, lse),
-        qt.options());
+    run(0.0);
+  }
+  return {o, lse};
+}
+
+// scan_fwd reading the values from token tensors, v [N, H, Dv] (unit stride along Dv), and
+// writing token tensors o [N, H Gr, Dv] and lse [N, H Gr]: block n holds tokens [start[n],
+// start[n] + C) (start [NB] int64; rows.h). Tokens no block holds are left unset.
+std::tuple<at::Tensor, at::Tensor> scan_fwd_tokens(
+    const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
+    const at::Tensor& s_diag, const at::Tensor& v, const at::Tensor& start,
+    const at::Tensor& pred, const std::optional<at::Tensor>& G, int64_t group) {
+  const FlopScope flops(kScanFwd);
+  check_scan_inputs("scan_fwd_tokens", qt, kt, pt, s_diag, v, pred, G, group, &start);
+  const int64_t H = qt.size(1), R = qt.size(2), C = kt.size(2);
+  const int64_t N = v.size(0), Dv = v.size(2), HQ = H * (R / C);
+  auto o = workspace_empty({N, HQ, Dv}, qt.options());
+  auto lse = workspace_empty({N, HQ}, qt.options());
+  const int64_t* st = start.data_ptr<int64_t>();
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    run_all<T>(Args<T>(ScanInputs<T>(qt, kt, pt, s_diag, v, pred, G, group, st),
+                       Rows<T>(o.data_ptr<T>(), st, HQ, C, Dv, HQ * Dv, Dv),
+                       Rows<T>(lse.data_ptr<T>(), st, HQ, C, 1, HQ, 1)),
+               qt.options());
+  };
+  if (qt.scalar_type() == at::kFloat) {
+    run(0.f);
+  } else {
+    run(0.0);
   }
   return {o, lse};
 }
@@ -167,4 +199,7 @@ TORCH_LIBRARY(pathattn_cpu, m) {
   m.def("scan_fwd(Tensor qt, Tensor kt, Tensor pt, Tensor s_diag, Tensor vb, Tensor pred, "
         "Tensor? G, int group=4) -> (Tensor, Tensor)");
   m.impl("scan_fwd", c10::DispatchKey::CPU, TORCH_FN(scan_fwd));
+  m.def("scan_fwd_tokens(Tensor qt, Tensor kt, Tensor pt, Tensor s_diag, Tensor v, "
+        "Tensor start, Tensor pred, Tensor? G, int group=4) -> (Tensor, Tensor)");
+  m.impl("scan_fwd_tokens", c10::DispatchKey::CPU, TORCH_FN(scan_fwd_tokens));
 }

@@ -9,13 +9,15 @@ import torch
 from ..ut import BlockUT, block_ut, sub_block_size, sub_block_target
 from .scan import fused_scan_applies
 
-__all__ = ["ut_forward", "fused_block_ut", "fused_ut_applies", "ut_backward"]
+__all__ = ["ut_forward", "fused_block_ut", "fused_token_ut", "fused_ut_applies",
+           "ut_backward"]
 
 
-def _sub_block(qb, sub_block: int | None) -> int:
-    C, D = qb.shape[-2:]
-    return sub_block_size(C, sub_block_target(D, fused=True)) if sub_block is None \
-        else sub_block
+def _sub_block(qb, sub_block: int | None, C: int | None = None) -> int:
+    """The kernels' sub-block for qb [..., C, D] (or C given and qb [..., D])."""
+    C = qb.shape[-2] if C is None else C
+    return sub_block_size(C, sub_block_target(qb.shape[-1], fused=True)) \
+        if sub_block is None else sub_block
 
 
 def fused_block_ut(qb, kb, wb, bb, scale: float, sub_block: int | None = None) -> BlockUT:
@@ -26,6 +28,19 @@ def fused_block_ut(qb, kb, wb, bb, scale: float, sub_block: int | None = None) -
     c = _sub_block(qb, sub_block)
     qt, kt, pt, s = torch.ops.pathattn_cpu.ut_fwd(
         qb.contiguous(), kb.contiguous(), wb.contiguous(), bb.contiguous(), float(scale), c)
+    return BlockUT(qt=qt, kt=kt, pt=pt, s_diag=s)
+
+
+def fused_token_ut(q, k, w, beta, start: torch.Tensor, block: int, scale: float,
+                   sub_block: int | None = None) -> BlockUT:
+    """`fused_block_ut` read straight from token tensors, without gathering them into blocks:
+    q [N, HQ, D], k [N, H, D], w [N, H, R * D] (token t's R reflections in order), beta
+    [N, H, R], any strides with unit stride along the last dim; start [NB] int64: block n
+    holds tokens [start[n], start[n] + block) (`pathattn.ops.layout.block_starts`). The
+    same numbers as `fused_block_ut` of those blocks (block tensors out)."""
+    c = _sub_block(q, sub_block, block)
+    qt, kt, pt, s = torch.ops.pathattn_cpu.ut_fwd_tokens(q, k, w, beta, start, int(block),
+                                                         float(scale), c)
     return BlockUT(qt=qt, kt=kt, pt=pt, s_diag=s)
 
 

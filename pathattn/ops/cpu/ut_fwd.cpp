@@ -21,7 +21,11 @@
 // bb [NB, H, C * R]; returns
 // (qt = scale Q~ [NB, H, Gr*C, D], kt [NB, H, C, D], pt [NB, H, D, D],
 //  s_diag = scale S [NB, H, Gr*C, C]) as `ut.BlockUT`.
+// ut_fwd_tokens reads the same inputs straight from token tensors (rows.h): q [N, H Gr, D],
+// k [N, H, D], w [N, H, R D], beta [N, H, R], block n holding tokens [start[n],
+// start[n] + C); each task copies its block's rows in, then runs as ut_fwd (same numbers).
 
+#include "rows.h"
 #include "ut_common.h"
 
 #include <ATen/Parallel.h>
@@ -39,7 +43,7 @@ using namespace pathattn_cpu;
 
 template <typename T>
 struct UTArgs {
-  const T *qb, *kb, *wb, *bb;
+  Rows<T> q, k, w, b;  // heads H Gr, H, H, H; F = D, D, R D, R
   T *qt, *kt, *pt, *s;
   int64_t H, Gr, C, D, c, R;
   T scale;
@@ -49,15 +53,17 @@ template <typename T>
 struct UTWork {
   std::vector<SubBlockUT<T>> sub;  // [m]
   std::vector<T> R, state, Ps;
+  std::vector<T> qin, kin, win, bin;  // a block's token rows, copied in (token inputs)
 };
 
 template <typename T>
 void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
   const int64_t H = U.H, Gr = U.Gr, C = U.C, D = U.D, c = U.c, m = C / c;
   const int64_t nh = n * H + h, cr = c * U.R;  // cr: reflections of a sub-block
-  const T* Wb = U.wb + nh * C * U.R * D;  // [C * R, D]
-  const T* Kb = U.kb + nh * C * D;
-  const T* Bb = U.bb + nh * C * U.R;  // [C * R]
+  const T* Wb = U.w.tile(n, h, 1, W.win.data());  // [C * R, D]
+  const T* Kb = U.k.tile(n, h, 1, W.kin.data());  // [C, D]
+  const T* Bb = U.b.tile(n, h, 1, W.bin.data());  // [C * R]
+  const T* Qb = U.q.tile(n, h * Gr, Gr, W.qin.data());  // [Gr, C, D]
   auto qsub = [&](int64_t g, int64_t i) { return W.sub[i].q.data() + g * c * D; };
   auto ssub = [&](int64_t g, int64_t i) { return W.sub[i].s.data() + g * c * c; };
   auto ksub = [&](int64_t i) { return W.sub[i].k.data(); };
@@ -66,7 +72,7 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
   // ---- per sub-block UT terms
   for (int64_t i = 0; i < m; ++i)
     W.sub[i].compute(Wb + i * cr * D, Kb + i * c * D, Bb + i * cr,
-                     U.qb + (nh * Gr * C + i * c) * D, C * D, U.scale);
+                     Qb + i * c * D, C * D, U.scale);
 
   // ---- combine the sub-blocks pairwise, spans of 1, 2, 4, ... sub-blocks (the last span
   // of a level may be shorter when m = C / c is not a power of two): a span [lo, hi) keeps its rows of Q~ relative to its start (in qt),
@@ -119,15 +125,29 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
   std::memcpy(U.pt + nh * D * D, Ps, sizeof(T) * D * D);
 }
 
+// Output tensors of the UT forward: qt [NB, H, Gr C, D], kt [NB, H, C, D], pt [NB, H, D, D],
+// s [NB, H, Gr C, C].
+struct UTOutputs {
+  at::Tensor qt, kt, pt, s;
+  UTOutputs(int64_t NB, int64_t H, int64_t Gr, int64_t C, int64_t D,
+            const at::TensorOptions& opt)
+      : qt(workspace_empty({NB, H, Gr * C, D}, opt)),
+        kt(workspace_empty({NB, H, C, D}, opt)),
+        pt(workspace_empty({NB, H, D, D}, opt)),
+        s(workspace_empty({NB, H, Gr * C, C}, opt)) {}
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tuple() const {
+    return std::make_tuple(qt, kt, pt, s);
+  }
+};
+
 template <typename T>
-void run_ut(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb,
-            const at::Tensor& bb, at::Tensor& qt, at::Tensor& kt, at::Tensor& pt,
-            at::Tensor& s, double scale, int64_t c, int64_t R) {
-  const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
-  const int64_t D = qb.size(4), m = C / c;
-  UTArgs<T> U{qb.data_ptr<T>(), kb.data_ptr<T>(), wb.data_ptr<T>(), bb.data_ptr<T>(),
-              qt.data_ptr<T>(), kt.data_ptr<T>(), pt.data_ptr<T>(), s.data_ptr<T>(),
-              H, Gr, C, D, c, R, static_cast<T>(scale)};
+void run_ut(const Rows<T>& q, const Rows<T>& k, const Rows<T>& w, const Rows<T>& b,
+            UTOutputs& out, int64_t NB, int64_t H, int64_t Gr, int64_t D, double scale,
+            int64_t c, int64_t R) {
+  const int64_t C = k.C, m = C / c;
+  UTArgs<T> U{q, k, w, b,
+              out.qt.data_ptr<T>(), out.kt.data_ptr<T>(), out.pt.data_ptr<T>(),
+              out.s.data_ptr<T>(), H, Gr, C, D, c, R, static_cast<T>(scale)};
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
     UTWork<T> W;
     W.sub.resize(m);
@@ -135,6 +155,12 @@ void run_ut(const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& wb,
     W.R.resize(D * D);
     W.state.resize(C * D);  // a span's rows
     W.Ps.resize(m * D * D);
+    if (q.tokens()) {
+      W.qin.resize(Gr * C * D);
+      W.kin.resize(C * D);
+      W.win.resize(C * R * D);
+      W.bin.resize(C * R);
+    }
     for (int64_t t = t0; t < t1; ++t) ut_task<T>(U, t / H, t % H, W);
   });
 }
@@ -147,17 +173,61 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
   const auto dt = qb.scalar_type();
   const int64_t R = check_ut_inputs(op, qb, kb, wb, bb, sub_block);
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
-  const int64_t D = qb.size(4), c = sub_block;
-  auto qt = workspace_empty({NB, H, Gr * C, D}, qb.options());
-  auto kt = workspace_empty({NB, H, C, D}, qb.options());
-  auto pt = workspace_empty({NB, H, D, D}, qb.options());
-  auto s = workspace_empty({NB, H, Gr * C, C}, qb.options());
+  const int64_t D = qb.size(4);
+  UTOutputs out(NB, H, Gr, C, D, qb.options());
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    run_ut<T>(Rows<T>(qb.data_ptr<T>(), H * Gr, C, D), Rows<T>(kb.data_ptr<T>(), H, C, D),
+              Rows<T>(wb.data_ptr<T>(), H, C, R * D), Rows<T>(bb.data_ptr<T>(), H, C, R),
+              out, NB, H, Gr, D, scale, sub_block, R);
+  };
   if (dt == at::kFloat) {
-    run_ut<float>(qb, kb, wb, bb, qt, kt, pt, s, scale, c, R);
+    run(0.f);
   } else {
-    run_ut<double>(qb, kb, wb, bb, qt, kt, pt, s, scale, c, R);
+    run(0.0);
   }
-  return std::make_tuple(qt, kt, pt, s);
+  return out.tuple();
+}
+
+// ut_fwd from token tensors: q [N, HQ, D], k [N, H, D], w [N, H, R D], beta [N, H, R]
+// (unit stride along the last dim, any other strides), start [NB] int64: block n holds
+// tokens [start[n], start[n] + block). Returns ut_fwd's outputs for these blocks.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd_tokens(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, const at::Tensor& beta,
+    const at::Tensor& start, int64_t block, double scale, int64_t sub_block) {
+  const FlopScope flops(kUtFwd);
+  const char* op = "ut_fwd_tokens";
+  const auto dt = q.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && beta.dim() == 3, op,
+              ": q, k and beta must be [N, heads, F]");
+  const int64_t N = q.size(0), HQ = q.size(1), D = q.size(2), H = k.size(1);
+  const int64_t R = beta.size(2), C = block, NB = start.size(0);
+  TORCH_CHECK(H >= 1 && HQ % H == 0, op, ": q's heads must be a multiple of k's");
+  TORCH_CHECK(R >= 1, op, ": beta must have R >= 1 reflections per token");
+  check_token_input(op, q, "q", HQ, D, dt);
+  check_token_input(op, k, "k", H, D, dt);
+  check_token_input(op, w, "w", H, R * D, dt);
+  check_token_input(op, beta, "beta", H, R, dt);
+  TORCH_CHECK(k.size(0) == N && w.size(0) == N && beta.size(0) == N, op,
+              ": q, k, w and beta must have the same N tokens");
+  TORCH_CHECK(C >= 1 && sub_block >= 1 && C % sub_block == 0, op,
+              ": sub_block must divide the block size");
+  check_block_starts(op, start, NB, C, N);
+  const int64_t Gr = HQ / H;
+  UTOutputs out(NB, H, Gr, C, D, q.options());
+  const int64_t* st = start.data_ptr<int64_t>();
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    run_ut<T>(Rows<T>(q, st, C), Rows<T>(k, st, C), Rows<T>(w, st, C), Rows<T>(beta, st, C),
+              out, NB, H, Gr, D, scale, sub_block, R);
+  };
+  if (dt == at::kFloat) {
+    run(0.f);
+  } else {
+    run(0.0);
+  }
+  return out.tuple();
 }
 
 }  // namespace
@@ -166,4 +236,7 @@ TORCH_LIBRARY_FRAGMENT(pathattn_cpu, m) {
   m.def("ut_fwd(Tensor qb, Tensor kb, Tensor wb, Tensor bb, float scale, int sub_block) -> "
         "(Tensor, Tensor, Tensor, Tensor)");
   m.impl("ut_fwd", c10::DispatchKey::CPU, TORCH_FN(ut_fwd));
+  m.def("ut_fwd_tokens(Tensor q, Tensor k, Tensor w, Tensor beta, Tensor start, int block, "
+        "float scale, int sub_block) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.impl("ut_fwd_tokens", c10::DispatchKey::CPU, TORCH_FN(ut_fwd_tokens));
 }

@@ -11,17 +11,18 @@ from pathattn.ops.blockwise import backward_scan, block_growth, forward_scan
 from pathattn.ops.cpu import (
     fused_backward_scan,
     fused_forward_scan,
+    fused_token_scan,
     load_kernels,
     predecessors,
     scan_forward,
     scan_group,
 )
 from pathattn.ops.gates import block_gates
-from pathattn.ops.layout import make_layout
-from pathattn.ops.stages import kv_blocks, ut_blocks
+from pathattn.ops.layout import block_starts, make_layout
+from pathattn.ops.stages import kv_blocks, rows_to_tokens, ut_blocks
 from pathattn.ops.ut import block_ut
 
-from .._helpers import make_inputs
+from .._helpers import make_inputs, strided_view
 
 pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
 
@@ -167,3 +168,52 @@ def test_scan_group_balances_updates_and_tiles():
     assert [scan_group(128, 128, n) for n in (1, 8, 16, 32, 64)] == [2, 2, 3, 4, 4]
     assert scan_group(256, 256, 32) == 3  # tile cap
     assert scan_group(512, 128, 64) == 3 and scan_group(1024, 128, 64) == 2
+
+
+TOKEN_CASES = [  # B, T, HQ, H, D, Dv, C, gates, cu_seqlens
+    (2, 128, 4, 2, 16, 24, 32, True, None),
+    (1, 192, 2, 2, 32, 16, 64, False, (0, 64, 192)),
+    (1, 96, 3, 1, 16, 16, 32, True, None),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=lambda c: "-".join(map(str, c[:8])))
+def test_token_scan_matches_block_scan(case, dtype):
+    """scan_fwd_tokens reads the values from a strided token view and writes token outputs:
+    the numbers of scan_fwd on the gathered blocks, mapped to tokens."""
+    B, T, HQ, H, D, Dv, C, gates, cu = case
+    lay, ut, vb, gt, _ = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype)
+    v = make_inputs(B, T, HQ, H, D, Dv, gates, dtype=dtype)[2]
+    o_ref, lse_ref = fused_forward_scan(lay, *ut, vb, gt)
+    o, lse = fused_token_scan(lay, block_starts(lay), *ut,
+                              strided_view(v.reshape(B * T, H, Dv)), gt)
+    assert o.shape == (B * T, HQ, Dv) and lse.shape == (B * T, HQ)
+    tol = {torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
+    for x, r in ((o, rows_to_tokens(o_ref, lay, (B * T, HQ, Dv))),
+                 (lse, rows_to_tokens(lse_ref[..., None], lay, (B * T, HQ, 1))[..., 0])):
+        assert float((x - r).abs().max() / r.abs().max()) < tol
+
+
+def test_token_scan_rejects_bad_values():
+    lay, ut, vb, _, _ = _block_inputs(1, 64, 1, 1, 16, 16, 16, False, None, torch.float32)
+    v = vb.new_zeros(64, 1, 16)
+    args = [ut.qt, ut.kt, ut.pt, ut.s_diag, v, block_starts(lay), predecessors(lay), None]
+    torch.ops.pathattn_cpu.scan_fwd_tokens(*args)  # the good arguments run
+    bad = [(4, v[:, :, :1].expand(64, 1, 16), "v must have unit stride"),
+           (4, v.view(64, 16), r"v must be \[N, H, Dv\]"),
+           (4, v[:60], r"start\[0\] = 48: a block of 16 tokens must lie within the 60"),
+           (5, torch.zeros(3, dtype=torch.long), "start must have 4 entries")]
+    for i, x, message in bad:
+        with pytest.raises(RuntimeError, match=message):
+            torch.ops.pathattn_cpu.scan_fwd_tokens(*args[:i], x, *args[i + 1:])
+
+
+@pytest.mark.parametrize("gates", [False, True], ids=["nogates", "gates"])
+def test_token_opcheck(gates):
+    lay, ut, vb, gt, _ = _block_inputs(1, 128, 2, 1, 16, 8, 32, gates, None, torch.float32)
+    G = None if gt is None else gt.G.contiguous()
+    v = make_inputs(1, 128, 2, 1, 16, 8, gates)[2].reshape(128, 1, 8)
+    torch.library.opcheck(torch.ops.pathattn_cpu.scan_fwd_tokens.default,
+                          (ut.qt.contiguous(), ut.kt.contiguous(), ut.pt.contiguous(),
+                           ut.s_diag.contiguous(), v, block_starts(lay), predecessors(lay), G))

@@ -7,8 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathattn.ops.cpu import fused_block_ut, load_kernels, ut_backward, ut_forward
+from pathattn.ops.cpu import fused_block_ut, fused_token_ut, load_kernels, ut_backward, ut_forward
+from pathattn.ops.layout import block_starts, make_layout
+from pathattn.ops.stages import ut_blocks
 from pathattn.ops.ut import block_ut, sub_block_size, sub_block_target
+
+from .._helpers import make_reflection_inputs, strided_view
 
 pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
 
@@ -117,3 +121,61 @@ def test_opcheck():
     grads = tuple(torch.randn_like(x) for x in (qt, kt, pt, s))
     torch.library.opcheck(torch.ops.pathattn_cpu.ut_bwd.default,
                           (qb, kb, wb, bb, 0.5, 16) + grads)
+
+
+TOKEN_CASES = [  # B, T, HQ, H, D, C, R, cu_seqlens
+    (2, 128, 4, 2, 16, 32, 1, None),
+    (1, 192, 2, 2, 24, 64, 2, (0, 64, 192)),
+    (1, 96, 3, 1, 16, 32, 1, None),
+]
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=lambda c: "-".join(map(str, c[:7])))
+def test_token_ut_matches_block_ut(case, dtype, strided):
+    """ut_fwd_tokens reads the token tensors in place: the numbers of ut_fwd on the gathered
+    blocks, for grouped queries, several reflections, packed sequences, strided views."""
+    B, T, HQ, H, D, C, R, cu = case
+    q, k, _, w, beta, _ = make_reflection_inputs(B, T, HQ, H, D, D, R, False, dtype)
+    lay = make_layout(B, T, C, None if cu is None else torch.tensor(cu), torch.device("cpu"))
+    start = block_starts(lay)
+    ref = fused_block_ut(*ut_blocks(q, k, w, beta, lay, dtype), 0.3)
+    N = B * T
+    toks = [x.reshape(N, x.shape[2], -1) for x in (q, k, w, beta)]  # w: [N, H, R * D]
+    if strided:
+        toks = [strided_view(x) for x in toks]
+        assert not toks[0].is_contiguous()
+    ours = fused_token_ut(*toks, start, C, 0.3)
+    tol = {torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
+    for name in ref._fields:
+        x, r = getattr(ours, name), getattr(ref, name)
+        assert x.shape == r.shape and x.dtype == dtype, name
+        err = float((x - r).abs().max() / r.abs().max())
+        assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
+
+
+def test_token_ut_rejects_bad_inputs():
+    q, k, _, w, beta, _ = make_reflection_inputs(1, 64, 2, 2, 16, 16, 1, False)
+    toks = [x.reshape(64, 2, -1) for x in (q, k, w, beta)]
+    start = torch.tensor([32, 0])
+    qt = torch.ops.pathattn_cpu.ut_fwd_tokens(*toks, start, 32, 0.5, 16)[0]  # good ones run
+    assert qt.shape == (2, 2, 32, 16)
+    bad = [
+        ((toks[0][:, :1], *toks[1:]), start, "q's heads must be a multiple of k's"),
+        ((toks[0], toks[1], toks[2][..., :8], toks[3]), start, r"w must be \[N, 2, 16\]"),
+        ((toks[0].transpose(0, 2).contiguous().transpose(0, 2), *toks[1:]), start,
+         "q must have unit stride along its last dim"),
+        (toks, torch.tensor([40, 0]), r"start\[0\] = 40: a block of 32 tokens must lie"),
+        (toks, torch.tensor([32, 0], dtype=torch.int32), "start must be a contiguous int64"),
+    ]
+    for args, st, message in bad:
+        with pytest.raises(RuntimeError, match=message):
+            torch.ops.pathattn_cpu.ut_fwd_tokens(*args, st, 32, 0.5, 16)
+
+
+def test_token_opcheck():
+    q, k, _, w, beta, _ = make_reflection_inputs(1, 64, 2, 1, 16, 16, 2, False)
+    toks = tuple(x.reshape(64, x.shape[2], -1) for x in (q, k, w, beta))
+    torch.library.opcheck(torch.ops.pathattn_cpu.ut_fwd_tokens.default,
+                          toks + (torch.tensor([32, 0]), 32, 0.5, 16))

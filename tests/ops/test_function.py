@@ -1,0 +1,59 @@
+"""The blockwise op's two routes on the CPU (`pathattn.ops.function`): the fused kernels
+reading the token tensors in place (no padded block) against the same kernels on gathered
+blocks, forward and with the prefill's keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pathattn.ops import function
+from pathattn.ops.cpu import load_kernels
+from pathattn.ops.path_attn import path_attn, path_attn_with_keys
+
+from ._helpers import make_inputs, make_reflection_inputs, strided_view
+
+pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
+
+CASES = [  # B, T, HQ, H, R, gates, cu_seqlens, strided
+    (2, 128, 4, 2, 1, True, None, False),
+    (1, 192, 2, 2, 2, False, (0, 64, 192), False),
+    (1, 256, 3, 1, 1, True, None, True),
+]
+
+
+def _inputs(B, T, HQ, H, R, gates, strided):
+    if R == 1:
+        x = make_inputs(B, T, HQ, H, 16, 24, gates, torch.float64)
+    else:
+        x = make_reflection_inputs(B, T, HQ, H, 16, 24, R, gates, torch.float64)
+    if strided:  # q, k, v as slices of a fused projection
+        x = tuple(strided_view(t) if i < 3 else t for i, t in enumerate(x))
+    return x
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_token_route_matches_block_route(case, monkeypatch):
+    B, T, HQ, H, R, gates, cu, strided = case
+    x = _inputs(B, T, HQ, H, R, gates, strided)
+    cu = None if cu is None else torch.tensor(cu)
+    kw = dict(cu_seqlens=cu, block_size=64, backend="cpu")
+    calls = []
+    route = function._forward_tokens
+    monkeypatch.setattr(function, "_forward_tokens",
+                        lambda *a: calls.append(1) or route(*a))
+    o = path_attn(*x, **kw)
+    o_keys, keys = path_attn_with_keys(*x, **kw)
+    assert len(calls) == 2  # both took the token route
+    monkeypatch.setattr(function, "_token_starts", lambda *a: None)
+    o_ref = path_attn(*x, **kw)
+    o_keys_ref, keys_ref = path_attn_with_keys(*x, **kw)
+    assert len(calls) == 2
+    for a, b in ((o, o_ref), (o_keys, o_ref), (keys, keys_ref)):
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-13
+
+
+def test_padded_blocks_take_the_block_route(monkeypatch):
+    x = make_inputs(1, 100, 2, 2, 16, 16, True, torch.float64)
+    monkeypatch.setattr(function, "_forward_tokens", lambda *a: pytest.fail("token route"))
+    path_attn(*x, block_size=32, backend="cpu")
