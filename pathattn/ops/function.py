@@ -7,7 +7,8 @@ cu_seqlens).
 forward: tokens -> blocks -> UT transform (no graph) -> right-to-left scan; saves only the
 inputs, the output and the log-sum-exp of every row (O(T * D) per head). Where the fused
 CPU kernels run and no block is padded (`layout.block_starts`), they read the token tensors
-in place and write the output's tokens: no gather into blocks, no scatter back.
+in place and write the output's tokens, and the backward's gradients likewise: no gather
+into blocks, no scatter back.
 backward: re-runs the UT transform under autograd, runs the backward scan (FlashAttention-2
 style recomputation), and pulls the gradients of (Q~, K~, Pt, in-block logits) back to
 (q, k, w, beta) with torch.autograd.grad. Gate and value gradients come from the scan.
@@ -22,12 +23,14 @@ import torch
 
 from .cpu import (
     fused_block_ut,
+    fused_token_backward_scan,
     fused_token_scan,
     fused_token_ut,
     fused_ut_applies,
     load_kernels,
     scan_backward,
     scan_forward,
+    token_ut_backward,
     ut_backward,
     ut_forward,
 )
@@ -71,6 +74,14 @@ def _token_rows(x: torch.Tensor, N: int, heads: int, cd: torch.dtype) -> torch.T
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
+def _ut_tokens(q, k, w, beta, cd: torch.dtype):
+    """The UT transform's token inputs: q [N, HQ, D], k [N, H, D], w [N, H, R * D],
+    beta [N, H, R] (`_token_rows`)."""
+    B, T, HQ, _ = q.shape
+    H, N = k.shape[2], B * T
+    return [_token_rows(x, N, heads, cd) for x, heads in ((q, HQ), (k, H), (w, H), (beta, H))]
+
+
 def _forward_tokens(lay: BlockLayout, start: torch.Tensor, q, k, v, w, beta, g,
                     scale: float):
     """The forward by the fused CPU kernels, read straight from the token tensors (inputs as
@@ -80,13 +91,37 @@ def _forward_tokens(lay: BlockLayout, start: torch.Tensor, q, k, v, w, beta, g,
     B, T, HQ, _ = q.shape
     H, N = k.shape[2], B * T
     cd = compute_dtype(q.dtype)
-    ut = fused_token_ut(_token_rows(q, N, HQ, cd), _token_rows(k, N, H, cd),
-                        _token_rows(w, N, H, cd), _token_rows(beta, N, H, cd), start, lay.C,
-                        scale)
+    ut = fused_token_ut(*_ut_tokens(q, k, w, beta, cd), start, lay.C, scale)
     gates = None if g is None else block_gates(g.reshape(N, HQ), lay, H)
     o, lse = fused_token_scan(lay, start, ut.qt, ut.kt, ut.pt, ut.s_diag,
                               _token_rows(v, N, H, cd), gates)
     return o, lse, ut
+
+
+def _backward_tokens(lay: BlockLayout, start: torch.Tensor, do, q, k, v, w, beta, g, o, lse,
+                     scale: float):
+    """The backward by the fused CPU kernels on the token tensors, as `_forward_tokens`:
+    re-runs the UT transform, the backward scan and the UT transform's backward, reading
+    the inputs, do, o and lse in place and writing token gradients. Returns (dq, dk, dv, dw,
+    dbeta, dg) as `blockwise_bwd`, the numbers of the block path."""
+    B, T, HQ, _ = q.shape
+    H, N = k.shape[2], B * T
+    cd = compute_dtype(q.dtype)
+    toks = _ut_tokens(q, k, w, beta, cd)
+    ut = fused_token_ut(*toks, start, lay.C, scale)
+    do_t = _token_rows(do, N, HQ, cd)
+    delta = (do_t * _token_rows(o, N, HQ, cd)).sum(-1)  # [N, HQ]
+    gates = None if g is None else block_gates(g.reshape(N, HQ), lay, H)
+    grads = fused_token_backward_scan(lay, start, ut.qt, ut.kt, ut.pt, ut.s_diag,
+                                      _token_rows(v, N, H, cd), gates, do_t,
+                                      lse.reshape(N, HQ), delta)
+    dq, dk, dw, dbeta = token_ut_backward(*toks, start, lay.C, scale, grads.dqt, grads.dkt,
+                                          grads.dpt, grads.ds_diag)
+    dg = q.new_empty(0) if g is None else \
+        gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)
+    return (dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype),
+            grads.dv.view(v.shape).to(v.dtype), dw.view(w.shape).to(w.dtype),
+            dbeta.view(beta.shape).to(beta.dtype), dg)
 
 
 def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, delta,
@@ -237,6 +272,9 @@ def blockwise_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     cd = compute_dtype(q.dtype)
     # a backward run inside an autocast region keeps the op's own precision rule
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
+        start = _token_starts(q, lay, kernels)
+        if start is not None:
+            return _backward_tokens(lay, start, do, q, k, v, w, beta, g, o, lse, scale)
         # autograd starts at the block tensors: the token <-> slot maps are bijective
         # on real tokens, so their gradients map back with a gather (no scatter-add)
         bi = block_inputs(q, k, v, w, beta, g, lay)

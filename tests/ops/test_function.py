@@ -1,6 +1,6 @@
 """The blockwise op's two routes on the CPU (`pathattn.ops.function`): the fused kernels
 reading the token tensors in place (no padded block) against the same kernels on gathered
-blocks, forward and with the prefill's keys."""
+blocks: forward, every gradient, and the prefill's keys."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from pathattn.ops import function
 from pathattn.ops.cpu import load_kernels
 from pathattn.ops.path_attn import path_attn, path_attn_with_keys
 
-from ._helpers import make_inputs, make_reflection_inputs, strided_view
+from ._helpers import (
+    NAMES,
+    make_dout,
+    make_inputs,
+    make_reflection_inputs,
+    run_with_grads,
+    strided_view,
+)
 
 pytestmark = pytest.mark.skipif(not load_kernels(), reason="CPU kernel could not be built")
 
@@ -39,21 +46,29 @@ def test_token_route_matches_block_route(case, monkeypatch):
     cu = None if cu is None else torch.tensor(cu)
     kw = dict(cu_seqlens=cu, block_size=64, backend="cpu")
     calls = []
-    route = function._forward_tokens
-    monkeypatch.setattr(function, "_forward_tokens",
-                        lambda *a: calls.append(1) or route(*a))
-    o = path_attn(*x, **kw)
+    for name in ("_forward_tokens", "_backward_tokens"):
+        route = getattr(function, name)
+        monkeypatch.setattr(function, name,
+                            lambda *a, n=name, f=route: calls.append(n) or f(*a))
+    dout = make_dout(B, T, HQ, 24).double()
+    o, grads = run_with_grads(path_attn, x, dout, **kw)
     o_keys, keys = path_attn_with_keys(*x, **kw)
-    assert len(calls) == 2  # both took the token route
+    assert calls == ["_forward_tokens", "_backward_tokens", "_forward_tokens"]
     monkeypatch.setattr(function, "_token_starts", lambda *a: None)
-    o_ref = path_attn(*x, **kw)
+    o_ref, grads_ref = run_with_grads(path_attn, x, dout, **kw)
     o_keys_ref, keys_ref = path_attn_with_keys(*x, **kw)
-    assert len(calls) == 2
-    for a, b in ((o, o_ref), (o_keys, o_ref), (keys, keys_ref)):
-        assert float((a - b).abs().max() / b.abs().max()) < 1e-13
+    assert len(calls) == 3  # the block route
+    pairs = [("o", o, o_ref), ("o_keys", o_keys, o_ref), ("keys", keys, keys_ref)]
+    pairs += [("d" + n, a, b) for n, a, b in zip(NAMES, grads, grads_ref, strict=True)
+              if b is not None]
+    for name, a, b in pairs:
+        assert a.shape == b.shape, name
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-13, name
 
 
 def test_padded_blocks_take_the_block_route(monkeypatch):
     x = make_inputs(1, 100, 2, 2, 16, 16, True, torch.float64)
-    monkeypatch.setattr(function, "_forward_tokens", lambda *a: pytest.fail("token route"))
-    path_attn(*x, block_size=32, backend="cpu")
+    for name in ("_forward_tokens", "_backward_tokens"):
+        monkeypatch.setattr(function, name, lambda *a: pytest.fail("token route"))
+    x = tuple(t.requires_grad_() for t in x)
+    path_attn(*x, block_size=32, backend="cpu").sum().backward()

@@ -367,6 +367,16 @@ def _register_fake() -> None:
         return (q.new_empty(NB, H, Gr * block, D), q.new_empty(NB, H, block, D),
                 q.new_empty(NB, H, D, D), q.new_empty(NB, H, Gr * block, block))
 
+    @torch.library.register_fake("pathattn_cpu::ut_bwd_tokens")
+    def _(q, k, w, beta, start, block, scale, sub_block, dqt, dkt, dpt, ds):
+        return tuple(x.new_empty(x.shape) for x in (q, k, w, beta))
+
+    @torch.library.register_fake("pathattn_cpu::scan_bwd_tokens")
+    def _(qt, kt, pt, s_diag, v, start, pred, G, dout, lse, delta, group=4):
+        dcol = qt.new_empty(G.shape) if G is not None else qt.new_empty(0)
+        return (torch.empty_like(qt), torch.empty_like(kt), torch.empty_like(pt),
+                torch.empty_like(s_diag), v.new_empty(v.shape), dcol)
+
     @torch.library.register_fake("pathattn_cpu::ut_bwd")
     def _(qb, kb, wb, bb, scale, sub_block, dqt, dkt, dpt, ds):
         return (torch.empty_like(qb), torch.empty_like(kb), torch.empty_like(wb),

@@ -58,6 +58,19 @@ struct Rows {
     }
     return buf;
   }
+
+  // Where to write block n's rows of `count` heads from head0 as a contiguous
+  // [count, C, F] tile: in place for block tensors, else buf, which `flush` then copies
+  // out to the tokens.
+  T* out_tile(int64_t n, int64_t head0, T* buf) const { return tokens() ? buf : at(n, head0); }
+  void flush(int64_t n, int64_t head0, int64_t count, const T* buf) const {
+    if (!tokens()) return;
+    for (int64_t j = 0; j < count; ++j) {
+      const T* src = buf + j * C * F;
+      T* dst = at(n, head0 + j);
+      for (int64_t r = 0; r < C; ++r) std::memcpy(dst + r * s_tok, src + r * F, sizeof(T) * F);
+    }
+  }
 };
 
 // Token tensor `name` of a kernel taking token layouts: [N, heads, F] of dtype dt on the

@@ -15,7 +15,7 @@ from ..ut import BlockUT
 from .build import load_kernels
 
 __all__ = ["scan_forward", "scan_backward", "fused_forward_scan", "fused_backward_scan",
-           "fused_token_scan",
+           "fused_token_scan", "fused_token_backward_scan",
            "predecessors", "fused_scan_applies", "scan_group", "kernel_block_size",
            "LONG_BLOCK_FROM"]
 
@@ -117,6 +117,22 @@ def fused_backward_scan(lay: BlockLayout, qt, kt, pt, s_diag, vb, gates: BlockGa
     dqt, dkt, dpt, ds_diag, dv, dcol = torch.ops.pathattn_cpu.scan_bwd(
         *_kernel_args(lay, qt, kt, pt, s_diag, vb, gates), do.to(dt).contiguous(),
         lse.to(dt).contiguous(), delta.to(dt).contiguous(), _group(lay, qt, kt, group))
+    return ScanGrads(dqt, dkt, dpt, ds_diag, dv, None if gates is None else dcol)
+
+
+def fused_token_backward_scan(lay: BlockLayout, start: torch.Tensor, qt, kt, pt, s_diag, v,
+                              gates: BlockGates | None, do, lse, delta,
+                              group: int | None = None) -> ScanGrads:
+    """`fused_backward_scan` with token tensors, as `fused_token_scan`: v [N, H, Dv],
+    do [N, HQ, Dv], lse and delta [N, HQ] (unit stride along the last dim), start [NB]
+    int64. Returns `ScanGrads` whose dv is token values [N, H, Dv] (the other fields block
+    tensors, as `fused_backward_scan`'s)."""
+    dt = qt.dtype
+    G = None if gates is None else gates.G.contiguous()
+    dqt, dkt, dpt, ds_diag, dv, dcol = torch.ops.pathattn_cpu.scan_bwd_tokens(
+        qt.contiguous(), kt.contiguous(), pt.contiguous(), s_diag.contiguous(), v, start,
+        predecessors(lay), G, do.to(dt), lse.to(dt).contiguous(), delta.to(dt).contiguous(),
+        _group(lay, qt, kt, group))
     return ScanGrads(dqt, dkt, dpt, ds_diag, dv, None if gates is None else dcol)
 
 

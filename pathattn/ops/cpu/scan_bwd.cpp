@@ -23,6 +23,10 @@
 //
 // The tiles are recomputed in the forward kernel's order of operations, so that P here is
 // the forward's P to the last bit where the forward's lse allows it.
+//
+// scan_bwd_tokens reads the values, dout, lse and delta from token tensors and accumulates
+// dv in token values (rows.h): each task copies its query block's rows of dout, lse and
+// delta in.
 
 #include "scan_common.h"
 
@@ -44,22 +48,26 @@ using namespace pathattn_cpu;
 
 template <typename T>
 struct BwdArgs : ScanInputs<T> {
-  const T *dout, *lse, *delta;      // [NB, H, R, Dv], [NB, H, R] x 2
+  // dout [NB, H, R, Dv], lse and delta [NB, H, R] as rows of the H Gr query heads, or
+  // token tensors dout [N, H Gr, Dv], lse and delta [N, H Gr] (rows.h)
+  Rows<T> dout, lse, delta;
   const T *kk, *pg;                 // group tiles [NB, H, g, C, D], [NB, H, D, D]
   T *dqt = nullptr, *ds_diag = nullptr;  // outputs, one writer per query block
-  // key side, accumulated: dkk [NB, H, g, C, D], dpg [NB, H, D, D], dv [NB, H, C, Dv],
-  // dcol [NB, H, Gr, C] (nullptr without gates)
-  T *dkk = nullptr, *dpg = nullptr, *dv = nullptr, *dcol = nullptr;
-  BwdArgs(const ScanInputs<T>& in, const at::Tensor& dout_, const at::Tensor& lse_,
-          const at::Tensor& delta_, const GroupTiles& tiles)
-      : ScanInputs<T>(in), dout(dout_.data_ptr<T>()), lse(lse_.data_ptr<T>()),
-        delta(delta_.data_ptr<T>()), kk(tiles.kk.data_ptr<T>()),
-        pg(tiles.pg.data_ptr<T>()) {}
+  // key side, accumulated: dkk [NB, H, g, C, D], dpg [NB, H, D, D], dcol [NB, H, Gr, C]
+  // (nullptr without gates), dv [NB, H, C, Dv] or token rows [N, H, Dv] (dv_numel entries)
+  T *dkk = nullptr, *dpg = nullptr, *dcol = nullptr;
+  Rows<T> dv;
+  int64_t dv_numel = 0;
+  BwdArgs(const ScanInputs<T>& in, Rows<T> dout_, Rows<T> lse_, Rows<T> delta_,
+          const GroupTiles& tiles)
+      : ScanInputs<T>(in), dout(dout_), lse(lse_), delta(delta_),
+        kk(tiles.kk.data_ptr<T>()), pg(tiles.pg.data_ptr<T>()) {}
 };
 
 template <typename T>
 struct Work {  // per-thread scratch
   std::vector<T> states, S, dP, g, g_next;
+  std::vector<T> dout, lse, delta;  // a query block's rows, copied in (token inputs)
   std::vector<int64_t> chain;
 };
 
@@ -86,9 +94,9 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
   const int64_t R = A.R, C = A.C, D = A.D, Dv = A.Dv, H = A.H, Gr = R / C;
   const bool gated = A.G != nullptr;
   const int64_t ah = a * H + h;
-  const T* dO = A.dout + ah * R * Dv;
-  const T* lse = A.lse + ah * R;
-  const T* delta = A.delta + ah * R;
+  const T* dO = A.dout.tile(a, h * Gr, Gr, W.dout.data());  // [R, Dv]
+  const T* lse = A.lse.tile(a, h * Gr, Gr, W.lse.data());     // [R]
+  const T* delta = A.delta.tile(a, h * Gr, Gr, W.delta.data());
   T* S = W.S.data();
   T* dP = W.dP.data();
 
@@ -101,7 +109,7 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     exp_shifted(row, static_cast<int>(p + 1), lse[i]);
     for (int64_t j = p + 1; j < C; ++j) row[j] = 0;
   }
-  diag_keys_times<T>(R, C, Dv, S, dO, A.dv + ah * C * Dv);
+  diag_keys_times<T>(R, C, Dv, S, dO, A.dv.at(a, h), A.dv.ld());
   diag_rows_times_t<T>(R, C, Dv, dO, A.v.at(a, h), A.v.ld(), dP);
   T* dcol_a[1] = {gated ? A.dcol + ah * Gr * C : nullptr};
   tile_dS<T>(S, dP, delta, R, C, C, gated ? dcol_a : nullptr);
@@ -138,7 +146,8 @@ void query_block(const BwdArgs<T>& A, int64_t a, int64_t h, Work<T>& W) {
     T* dcol[kMaxGroup];
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t xh = x[j] * H + h;
-      gemm_rm<T>(C, Dv, R, S + j * C, Wd, true, dO, Dv, false, A.dv + xh * C * Dv, Dv, true);
+      gemm_rm<T>(C, Dv, R, S + j * C, Wd, true, dO, Dv, false, A.dv.at(x[j], h), A.dv.ld(),
+                 true);
       gemm_rm<T>(R, C, Dv, dO, Dv, false, A.v.at(x[j], h), A.v.ld(), true, dP + j * C, Wd,
                  false);
       dcol[j] = gated ? A.dcol + xh * Gr * C : nullptr;
@@ -246,12 +255,12 @@ void run_all(BwdArgs<T> A, T* dkt, T* dpt, T* share) {
   const int64_t reps = n_pairs >= n_threads ? 1
       : std::max<int64_t>(1, std::min<int64_t>((n_threads + n_pairs - 1) / n_pairs, longest));
   constexpr int kAcc = 4;  // accumulators: dkk, dpg, dv, dcol
-  const int64_t sizes[kAcc] = {NB * H * A.group * C * D, NB * H * D * D, NB * H * C * Dv,
+  const int64_t sizes[kAcc] = {NB * H * A.group * C * D, NB * H * D * D, A.dv_numel,
                                A.dcol != nullptr ? NB * R : 0};
   std::vector<std::vector<T>> extra(reps > 1 ? (reps - 1) * kAcc : 0);
   std::vector<BwdArgs<T>> args(reps, A);
-  for (int64_t j = 1; j < reps; ++j) {
-    T** dst[kAcc] = {&args[j].dkk, &args[j].dpg, &args[j].dv, &args[j].dcol};
+  for (int64_t j = 1; j < reps; ++j) {  // replicas: dv's rows where A.dv's are, in buf
+    T** dst[kAcc] = {&args[j].dkk, &args[j].dpg, &args[j].dv.base, &args[j].dcol};
     for (int q = 0; q < kAcc; ++q) {
       auto& buf = extra[(j - 1) * kAcc + q];
       buf.assign(sizes[q], T(0));
@@ -267,6 +276,11 @@ void run_all(BwdArgs<T> A, T* dkt, T* dpt, T* share) {
     W.dP.resize(R * A.group * C);
     W.g.resize(R * D);
     W.g_next.resize(R * D);
+    if (A.dout.tokens()) {
+      W.dout.resize(R * Dv);
+      W.lse.resize(R);
+      W.delta.resize(R);
+    }
     for (int64_t t = counter++; t < n_tasks; t = counter++) {
       const int64_t pair = t / reps, j = t % reps, h = pair % H;
       int64_t idx = 0;  // position of a in its sequence's chain, from the last block
@@ -275,7 +289,7 @@ void run_all(BwdArgs<T> A, T* dkt, T* dpt, T* share) {
     }
   });
   if (reps > 1) {  // accumulators += replicas
-    T* outs[kAcc] = {A.dkk, A.dpg, A.dv, A.dcol};
+    T* outs[kAcc] = {A.dkk, A.dpg, A.dv.base, A.dcol};
     at::parallel_for(0, kAcc, 1, [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q)
         for (int64_t j = 1; j < reps; ++j) {
@@ -287,7 +301,42 @@ void run_all(BwdArgs<T> A, T* dkt, T* dpt, T* share) {
   group_grads<T>(A, succ, dkt, dpt, share);
 }
 
-// Inputs as ScanInputs (scan_common.h), group (key blocks per step) plus dout [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
+// The outputs of both backward ops (dv: block values [NB, H, C, Dv] or token values
+// [N, H, Dv], zero-filled) and their run.
+struct BwdOutputs {
+  at::Tensor dqt, dkt, dkk, dpg, dpt, share, ds_diag, dv, dcol;
+  BwdOutputs(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
+             const at::Tensor& s_diag, const std::optional<at::Tensor>& G, at::Tensor dv_,
+             int64_t group)
+      : dqt(workspace_like(qt)), dkt(workspace_like(kt)),
+        dkk(workspace_zeros({qt.size(0), qt.size(1), group, kt.size(2), kt.size(3)},
+                            qt.options())),
+        dpg(workspace_zeros_like(pt)), dpt(workspace_like(pt)),
+        share(workspace_empty({qt.size(0), qt.size(1), group, pt.size(2), pt.size(3)},
+                              qt.options())),
+        ds_diag(workspace_like(s_diag)), dv(std::move(dv_)),
+        dcol(G.has_value() ? workspace_zeros(G->sizes(), qt.options())
+                           : at::empty({0}, qt.options())) {}
+
+  template <typename T>
+  void run(BwdArgs<T> A, bool gated) {
+    A.dqt = dqt.data_ptr<T>();
+    A.ds_diag = ds_diag.data_ptr<T>();
+    A.dkk = dkk.data_ptr<T>();
+    A.dpg = dpg.data_ptr<T>();
+    A.dv_numel = dv.numel();
+    A.dcol = gated ? dcol.data_ptr<T>() : nullptr;
+    run_all<T>(A, dkt.data_ptr<T>(), dpt.data_ptr<T>(), share.data_ptr<T>());
+  }
+
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tuple()
+      const {
+    return std::make_tuple(dqt, dkt, dpt, ds_diag, dv, dcol);
+  }
+};
+
+// Inputs as ScanInputs (scan_common.h), group (key blocks per step) plus dout
+// [NB, H, R, Dv], lse and delta = rowsum(dO * O) [NB, H, R].
 // Returns dqt, dkt, dpt, ds_diag, dv and dcol ([NB, H, Gr, C] column sums of dS; empty
 // [0] without gates).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> scan_bwd(
@@ -303,38 +352,68 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   check_input(op, lse, "lse", 3, dt);
   check_input(op, delta, "delta", 3, dt);
   const int64_t NB = qt.size(0), H = qt.size(1), R = qt.size(2), Dv = vb.size(3);
+  const int64_t C = kt.size(2), HQ = H * (R / C);
   TORCH_CHECK(dout.sizes() == at::IntArrayRef({NB, H, R, Dv}), op, ": dout shape");
   TORCH_CHECK(lse.sizes() == at::IntArrayRef({NB, H, R}), op, ": lse shape");
   TORCH_CHECK(delta.sizes() == lse.sizes(), op, ": delta shape");
-  const bool gated = G.has_value();
-  auto dqt = workspace_like(qt);
-  auto dkt = workspace_like(kt);
-  auto dkk = workspace_zeros({NB, H, group, kt.size(2), kt.size(3)}, qt.options());
-  auto dpg = workspace_zeros_like(pt);
-  auto dpt = workspace_like(pt);
-  auto share = workspace_empty({NB, H, group, pt.size(2), pt.size(3)}, qt.options());
-  auto ds_diag = workspace_like(s_diag);
-  auto dv = workspace_zeros_like(vb);
-  auto dcol = gated ? workspace_zeros(G->sizes(), qt.options()) : at::empty({0}, qt.options());
+  BwdOutputs out(qt, kt, pt, s_diag, G, workspace_zeros_like(vb), group);
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const ScanInputs<T> in(qt, kt, pt, s_diag, vb, pred, G, group);
-    const GroupTiles tiles = group_tiles(in, qt.options());
-    BwdArgs<T> A(in, dout, lse, delta, tiles);
-    A.dqt = dqt.data_ptr<T>();
-    A.ds_diag = ds_diag.data_ptr<T>();
-    A.dkk = dkk.data_ptr<T>();
-    A.dpg = dpg.data_ptr<T>();
-    A.dv = dv.data_ptr<T>();
-    A.dcol = gated ? dcol.data_ptr<T>() : nullptr;
-    run_all<T>(A, dkt.data_ptr<T>(), dpt.data_ptr<T>(), share.data_ptr<T>());
+    const GroupTiles tiles = group_tiles(in, qt.options());  // alive while A runs
+    BwdArgs<T> A(in, Rows<T>(dout.data_ptr<T>(), HQ, C, Dv), Rows<T>(lse.data_ptr<T>(), HQ, C, 1),
+                 Rows<T>(delta.data_ptr<T>(), HQ, C, 1), tiles);
+    A.dv = Rows<T>(out.dv.data_ptr<T>(), H, C, Dv);
+    out.run<T>(A, G.has_value());
   };
   if (dt == at::kFloat) {
     run(0.f);
   } else {
     run(0.0);
   }
-  return std::make_tuple(dqt, dkt, dpt, ds_diag, dv, dcol);
+  return out.tuple();
+}
+
+// scan_bwd with token values and rows, as scan_fwd_tokens: v [N, H, Dv], dout [N, HQ, Dv],
+// lse and delta [N, HQ] (unit stride along the last dim; HQ = H R / C), start [NB] int64
+// (block n holds tokens [start[n], start[n] + C)). Returns scan_bwd's outputs, dv as token
+// values [N, H, Dv] (zero at tokens no block holds).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+scan_bwd_tokens(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
+                const at::Tensor& s_diag, const at::Tensor& v, const at::Tensor& start,
+                const at::Tensor& pred, const std::optional<at::Tensor>& G,
+                const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& delta,
+                int64_t group) {
+  const FlopScope flops(kScanBwd);
+  const char* op = "scan_bwd_tokens";
+  check_scan_inputs(op, qt, kt, pt, s_diag, v, pred, G, group, &start);
+  const auto dt = qt.scalar_type();
+  const int64_t H = qt.size(1), R = qt.size(2), C = kt.size(2);
+  const int64_t N = v.size(0), Dv = v.size(2), HQ = H * (R / C);
+  TORCH_CHECK(dout.dim() == 3 && lse.dim() == 2 && delta.dim() == 2, op,
+              ": dout must be [N, HQ, Dv], lse and delta [N, HQ]");
+  check_token_input(op, dout, "dout", HQ, Dv, dt);
+  check_token_input(op, lse.unsqueeze(2), "lse", HQ, 1, dt);
+  check_token_input(op, delta.unsqueeze(2), "delta", HQ, 1, dt);
+  TORCH_CHECK(dout.size(0) == N && lse.size(0) == N && delta.size(0) == N, op,
+              ": v, dout, lse and delta must have the same N tokens");
+  BwdOutputs out(qt, kt, pt, s_diag, G, workspace_zeros({N, H, Dv}, qt.options()), group);
+  const int64_t* st = start.data_ptr<int64_t>();
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const ScanInputs<T> in(qt, kt, pt, s_diag, v, pred, G, group, st);
+    const GroupTiles tiles = group_tiles(in, qt.options());  // alive while A runs
+    BwdArgs<T> A(in, Rows<T>(dout, st, C), Rows<T>(lse.unsqueeze(2), st, C),
+                 Rows<T>(delta.unsqueeze(2), st, C), tiles);
+    A.dv = Rows<T>(out.dv, st, C);
+    out.run<T>(A, G.has_value());
+  };
+  if (dt == at::kFloat) {
+    run(0.f);
+  } else {
+    run(0.0);
+  }
+  return out.tuple();
 }
 
 }  // namespace
@@ -344,4 +423,8 @@ TORCH_LIBRARY_FRAGMENT(pathattn_cpu, m) {
         "Tensor? G, Tensor dout, Tensor lse, Tensor delta, int group=4) -> "
         "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.impl("scan_bwd", c10::DispatchKey::CPU, TORCH_FN(scan_bwd));
+  m.def("scan_bwd_tokens(Tensor qt, Tensor kt, Tensor pt, Tensor s_diag, Tensor v, "
+        "Tensor start, Tensor pred, Tensor? G, Tensor dout, Tensor lse, Tensor delta, "
+        "int group=4) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.impl("scan_bwd_tokens", c10::DispatchKey::CPU, TORCH_FN(scan_bwd_tokens));
 }

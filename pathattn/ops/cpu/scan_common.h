@@ -118,15 +118,17 @@ void diag_rows_times(int64_t R, int64_t C, int64_t N, const T* P, const T* B, in
     }
 }
 
-// out [C, N] += P^T @ X, P [R, C] as above, X [R, N]: key j collects rows i >= j.
+// out [C, N] (row stride ldo) += P^T @ X, P [R, C] as above, X [R, N]: key j collects
+// rows i >= j.
 template <typename T>
-void diag_keys_times(int64_t R, int64_t C, int64_t N, const T* P, const T* X, T* out) {
+void diag_keys_times(int64_t R, int64_t C, int64_t N, const T* P, const T* X, T* out,
+                     int64_t ldo) {
   const int64_t ns = diag_strips(C), cs = C / ns;
   for (int64_t g = 0; g < R / C; ++g)
     for (int64_t r = 0; r < ns; ++r) {
       const int64_t row = g * C + r * cs;  // first row that reads key strip r
       gemm_rm<T>(cs, N, C - r * cs, P + row * C + r * cs, C, true, X + row * N, N, false,
-                 out + r * cs * N, N, true);
+                 out + r * cs * ldo, ldo, true);
     }
 }
 

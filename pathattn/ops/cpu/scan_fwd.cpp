@@ -139,7 +139,8 @@ void run_all(const Args<T>& A, const at::TensorOptions& opt) {
   });
 }
 
-// Inputs as ScanInputs (scan_common.h), group: key blocks per step. Returns o [NB, H, R, Dv] and lse [NB, H, R].
+// Inputs as ScanInputs (scan_common.h), group: key blocks per step. Returns
+// o [NB, H, R, Dv] and lse [NB, H, R].
 std::tuple<at::Tensor, at::Tensor> scan_fwd(
     const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt,
     const at::Tensor& s_diag, const at::Tensor& vb, const at::Tensor& pred,

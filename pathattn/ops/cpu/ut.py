@@ -10,7 +10,7 @@ from ..ut import BlockUT, block_ut, sub_block_size, sub_block_target
 from .scan import fused_scan_applies
 
 __all__ = ["ut_forward", "fused_block_ut", "fused_token_ut", "fused_ut_applies",
-           "ut_backward"]
+           "ut_backward", "token_ut_backward"]
 
 
 def _sub_block(qb, sub_block: int | None, C: int | None = None) -> int:
@@ -72,4 +72,16 @@ def ut_backward(qb, kb, wb, bb, scale: float, dqt, dkt, dpt, ds,
     dt = qb.dtype
     return torch.ops.pathattn_cpu.ut_bwd(
         qb.contiguous(), kb.contiguous(), wb.contiguous(), bb.contiguous(), float(scale), c,
+        *(x.to(dt).contiguous() for x in (dqt, dkt, dpt, ds)))
+
+
+def token_ut_backward(q, k, w, beta, start: torch.Tensor, block: int, scale: float, dqt, dkt,
+                      dpt, ds, sub_block: int | None = None):
+    """`ut_backward` with the token inputs of `fused_token_ut`: gradients (dq [N, HQ, D],
+    dk [N, H, D], dw [N, H, R * D], dbeta [N, H, R]) as token tensors, from those of its
+    block outputs (dqt, dkt, dpt, ds)."""
+    c = _sub_block(q, sub_block, block)
+    dt = q.dtype
+    return torch.ops.pathattn_cpu.ut_bwd_tokens(
+        q, k, w, beta, start, int(block), float(scale), c,
         *(x.to(dt).contiguous() for x in (dqt, dkt, dpt, ds)))

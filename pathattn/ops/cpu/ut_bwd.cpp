@@ -16,7 +16,11 @@
 //   dbeta_t = sum_r dA_rt X_rt + sum_t' dL_tt' WW_tt',  dWW = diag(beta) dL,
 //   dW = incl(dQW)^T Qs - AW dpt^T - M dk~ + later(dWKs) K + A^T dAW + (dWW + dWW^T) W,
 //   dq = scale dQs.
+//
+// ut_bwd_tokens reads q, k, w, beta from token tensors and writes their gradients as token
+// tensors (rows.h), each task copying its block's rows in and its gradients out.
 
+#include "rows.h"
 #include "ut_common.h"
 
 #include <ATen/Parallel.h>
@@ -32,8 +36,9 @@ using namespace pathattn_cpu;
 
 template <typename T>
 struct UTBwdArgs {
-  const T *qb, *kb, *wb, *bb, *dqt, *dkt, *dpt, *ds;
-  T *dqb, *dkb, *dwb, *dbb;
+  Rows<T> q, k, w, b;                  // inputs: heads H Gr, H, H, H; F = D, D, R D, R
+  const T *dqt, *dkt, *dpt, *ds;       // block tensors
+  Rows<T> out_q, out_k, out_w, out_b;  // their gradients, as q, k, w, b
   int64_t H, Gr, C, D, c, R;
   T scale;
 };
@@ -45,18 +50,24 @@ struct UTBwdWork {
   std::vector<T> dk, dp, dq;            // [m][c, D], [m][D, D], [Gr][m][c, D]
   std::vector<T> states, g, gn, dR, dR2;
   std::vector<T> dQs, dQW, dAW, dM, dA, dX, tmp, dL;  // W side: c R rows
+  std::vector<T> qin, kin, win, bin, qout, kout, wout, bout;  // a block's token rows
 };
 
 template <typename T>
 void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
   const int64_t H = U.H, Gr = U.Gr, C = U.C, D = U.D, c = U.c, m = C / c;
   const int64_t nh = n * H + h, R = U.R, cr = c * R;  // cr: reflections of a sub-block
-  const T* Wb = U.wb + nh * C * R * D;  // [C * R, D]
-  const T* Kb = U.kb + nh * C * D;
-  const T* Bb = U.bb + nh * C * R;  // [C * R]
+  const T* Wb = U.w.tile(n, h, 1, W.win.data());  // [C * R, D]
+  const T* Kb = U.k.tile(n, h, 1, W.kin.data());  // [C, D]
+  const T* Bb = U.b.tile(n, h, 1, W.bin.data());  // [C * R]
+  const T* Qb = U.q.tile(n, h * Gr, Gr, W.qin.data());  // [Gr, C, D]
+  T* dWb = U.out_w.out_tile(n, h, W.wout.data());
+  T* dKb = U.out_k.out_tile(n, h, W.kout.data());
+  T* dBb = U.out_b.out_tile(n, h, W.bout.data());
+  T* dQb = U.out_q.out_tile(n, h * Gr, W.qout.data());
   for (int64_t i = 0; i < m; ++i)
-    W.sub[i].compute(Wb + i * cr * D, Kb + i * c * D, Bb + i * cr,
-                     U.qb + (nh * Gr * C + i * c) * D, C * D, U.scale);
+    W.sub[i].compute(Wb + i * cr * D, Kb + i * c * D, Bb + i * cr, Qb + i * c * D, C * D,
+                     U.scale);
   auto pt = [&](int64_t i) { return W.sub[i].p.data(); };
   auto kt = [&](int64_t i) { return W.sub[i].k.data(); };
   auto Rm = [&](int64_t i) { return W.R.data() + (i + 1) * D * D; };  // R_i, i >= -1
@@ -124,9 +135,9 @@ void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
     const T* Wi = Wb + i * cr * D;  // [cr, D]
     const T* Ki = Kb + i * c * D;
     const T* bi = Bb + i * cr;  // [cr]
-    T* dWi = U.dwb + (nh * C * R + i * cr) * D;
-    T* dKi = U.dkb + (nh * C + i * c) * D;
-    T* dbi = U.dbb + nh * C * R + i * cr;
+    T* dWi = dWb + i * cr * D;
+    T* dKi = dKb + i * c * D;
+    T* dbi = dBb + i * cr;
     T* dAW = W.dAW.data();
     T* dM = W.dM.data();
     T* dA = W.dA.data();
@@ -155,7 +166,7 @@ void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
       gemm_rm<T>(c, D, c, dsg, C, true, Qs, D, false, dKi, D, true);
       gemm_rm<T>(c, D, cr, dQW, cr, false, Wi, D, false, dQs, D, true);
       gemm_rm<T>(cr, D, c, dQW, cr, true, Qs, D, false, dWi, D, true);
-      T* dQ = U.dqb + ((nh * Gr + g) * C + i * c) * D;
+      T* dQ = dQb + (g * C + i * c) * D;
       for (int64_t e = 0; e < c * D; ++e) dQ[e] = dQs[e] * U.scale;
     }
     // M = A WKs, WKs = later(W K^T)
@@ -196,19 +207,16 @@ void ut_bwd_task(const UTBwdArgs<T>& U, int64_t n, int64_t h, UTBwdWork<T>& W) {
     gemm_rm<T>(cr, D, cr, dL, cr, false, Wi, D, false, dWi, D, true);
     gemm_rm<T>(cr, D, cr, dL, cr, true, Wi, D, false, dWi, D, true);
   }
+  U.out_w.flush(n, h, 1, dWb);
+  U.out_k.flush(n, h, 1, dKb);
+  U.out_b.flush(n, h, 1, dBb);
+  U.out_q.flush(n, h * Gr, Gr, dQb);
 }
 
 template <typename T>
-void run_ut_bwd(const std::vector<at::Tensor>& t, std::vector<at::Tensor>& out, double scale,
-                int64_t c, int64_t R) {
-  const at::Tensor& qb = t[0];
-  const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
-  const int64_t D = qb.size(4), m = C / c, cr = c * R;
-  UTBwdArgs<T> U{t[0].data_ptr<T>(), t[1].data_ptr<T>(), t[2].data_ptr<T>(),
-                 t[3].data_ptr<T>(), t[4].data_ptr<T>(), t[5].data_ptr<T>(),
-                 t[6].data_ptr<T>(), t[7].data_ptr<T>(), out[0].data_ptr<T>(),
-                 out[1].data_ptr<T>(), out[2].data_ptr<T>(), out[3].data_ptr<T>(),
-                 H, Gr, C, D, c, R, static_cast<T>(scale)};
+void run_ut_bwd(const UTBwdArgs<T>& U, int64_t NB) {
+  const int64_t H = U.H, Gr = U.Gr, C = U.C, D = U.D, c = U.c, R = U.R;
+  const int64_t m = C / c, cr = c * R;
   at::parallel_for(0, NB * H, 1, [&](int64_t t0, int64_t t1) {
     UTBwdWork<T> W;
     W.sub.resize(m);
@@ -223,8 +231,29 @@ void run_ut_bwd(const std::vector<at::Tensor>& t, std::vector<at::Tensor>& out, 
     for (auto* v : {&W.dR, &W.dR2}) v->resize(D * D);
     for (auto* v : {&W.dQW, &W.dM}) v->resize(c * cr);
     for (auto* v : {&W.dA, &W.dX, &W.tmp, &W.dL}) v->resize(cr * cr);
+    if (U.q.tokens()) {
+      for (auto* v : {&W.qin, &W.qout}) v->resize(Gr * C * D);
+      for (auto* v : {&W.kin, &W.kout}) v->resize(C * D);
+      for (auto* v : {&W.win, &W.wout}) v->resize(C * R * D);
+      for (auto* v : {&W.bin, &W.bout}) v->resize(C * R);
+    }
     for (int64_t k = t0; k < t1; ++k) ut_bwd_task<T>(U, k / H, k % H, W);
   });
+}
+
+// The gradients' checks: dqt [NB, H, Gr*C, D], dkt [NB, H, C, D], dpt [NB, H, D, D],
+// ds [NB, H, Gr*C, C].
+inline void check_ut_grads(const char* op, const at::Tensor& dqt, const at::Tensor& dkt,
+                           const at::Tensor& dpt, const at::Tensor& ds, int64_t NB, int64_t H,
+                           int64_t Gr, int64_t C, int64_t D, at::ScalarType dt) {
+  check_input(op, dqt, "dqt", 4, dt);
+  check_input(op, dkt, "dkt", 4, dt);
+  check_input(op, dpt, "dpt", 4, dt);
+  check_input(op, ds, "ds", 4, dt);
+  TORCH_CHECK(dqt.sizes() == at::IntArrayRef({NB, H, Gr * C, D}), op, ": dqt shape");
+  TORCH_CHECK(dkt.sizes() == at::IntArrayRef({NB, H, C, D}), op, ": dkt shape");
+  TORCH_CHECK(dpt.sizes() == at::IntArrayRef({NB, H, D, D}), op, ": dpt shape");
+  TORCH_CHECK(ds.sizes() == at::IntArrayRef({NB, H, Gr * C, C}), op, ": ds shape");
 }
 
 // Inputs as ut_fwd (wb [NB, H, C * R, D], bb [NB, H, C * R]) plus the gradients
@@ -239,25 +268,63 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
   const char* op = "ut_bwd";
   const auto dt = qb.scalar_type();
   const int64_t R = check_ut_inputs(op, qb, kb, wb, bb, sub_block);
-  check_input(op, dqt, "dqt", 4, dt);
-  check_input(op, dkt, "dkt", 4, dt);
-  check_input(op, dpt, "dpt", 4, dt);
-  check_input(op, ds, "ds", 4, dt);
   const int64_t NB = qb.size(0), H = qb.size(1), Gr = qb.size(2), C = qb.size(3);
-  const int64_t D = qb.size(4), c = sub_block;
-  TORCH_CHECK(dqt.sizes() == at::IntArrayRef({NB, H, Gr * C, D}), op, ": dqt shape");
-  TORCH_CHECK(dkt.sizes() == kb.sizes(), op, ": dkt shape");
-  TORCH_CHECK(dpt.sizes() == at::IntArrayRef({NB, H, D, D}), op, ": dpt shape");
-  TORCH_CHECK(ds.sizes() == at::IntArrayRef({NB, H, Gr * C, C}), op, ": ds shape");
-  std::vector<at::Tensor> ins = {qb, kb, wb, bb, dqt, dkt, dpt, ds};
-  std::vector<at::Tensor> outs = {workspace_like(qb), workspace_like(kb), workspace_like(wb),
-                                  workspace_like(bb)};
+  const int64_t D = qb.size(4);
+  check_ut_grads(op, dqt, dkt, dpt, ds, NB, H, Gr, C, D, dt);
+  auto dq = workspace_like(qb), dk = workspace_like(kb), dw = workspace_like(wb),
+       db = workspace_like(bb);
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t HQ = H * Gr;
+    run_ut_bwd<T>(UTBwdArgs<T>{
+        Rows<T>(qb.data_ptr<T>(), HQ, C, D), Rows<T>(kb.data_ptr<T>(), H, C, D),
+        Rows<T>(wb.data_ptr<T>(), H, C, R * D), Rows<T>(bb.data_ptr<T>(), H, C, R),
+        dqt.data_ptr<T>(), dkt.data_ptr<T>(), dpt.data_ptr<T>(), ds.data_ptr<T>(),
+        Rows<T>(dq.data_ptr<T>(), HQ, C, D), Rows<T>(dk.data_ptr<T>(), H, C, D),
+        Rows<T>(dw.data_ptr<T>(), H, C, R * D), Rows<T>(db.data_ptr<T>(), H, C, R),
+        H, Gr, C, D, sub_block, R, static_cast<T>(scale)}, NB);
+  };
   if (dt == at::kFloat) {
-    run_ut_bwd<float>(ins, outs, scale, c, R);
+    run(0.f);
   } else {
-    run_ut_bwd<double>(ins, outs, scale, c, R);
+    run(0.0);
   }
-  return std::make_tuple(outs[0], outs[1], outs[2], outs[3]);
+  return std::make_tuple(dq, dk, dw, db);
+}
+
+// ut_bwd from token tensors, as ut_fwd_tokens: q [N, HQ, D], k [N, H, D], w [N, H, R D],
+// beta [N, H, R], start [NB] (block n holds tokens [start[n], start[n] + block)), and the
+// gradients of ut_fwd_tokens' block outputs. Returns dq [N, HQ, D], dk [N, H, D],
+// dw [N, H, R D], dbeta [N, H, R] (contiguous; tokens no block holds are left unset).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd_tokens(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& w, const at::Tensor& beta,
+    const at::Tensor& start, int64_t block, double scale, int64_t sub_block,
+    const at::Tensor& dqt, const at::Tensor& dkt, const at::Tensor& dpt, const at::Tensor& ds) {
+  const FlopScope flops(kUtBwd);
+  const char* op = "ut_bwd_tokens";
+  const auto dt = q.scalar_type();
+  const int64_t R = check_ut_token_inputs(op, q, k, w, beta, start, block, sub_block);
+  const int64_t N = q.size(0), HQ = q.size(1), D = q.size(2), H = k.size(1);
+  const int64_t NB = start.size(0), C = block, Gr = HQ / H;
+  check_ut_grads(op, dqt, dkt, dpt, ds, NB, H, Gr, C, D, dt);
+  const auto opt = q.options();
+  auto dq = workspace_empty({N, HQ, D}, opt), dk = workspace_empty({N, H, D}, opt),
+       dw = workspace_empty({N, H, R * D}, opt), db = workspace_empty({N, H, R}, opt);
+  const int64_t* st = start.data_ptr<int64_t>();
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    run_ut_bwd<T>(UTBwdArgs<T>{
+        Rows<T>(q, st, C), Rows<T>(k, st, C), Rows<T>(w, st, C), Rows<T>(beta, st, C),
+        dqt.data_ptr<T>(), dkt.data_ptr<T>(), dpt.data_ptr<T>(), ds.data_ptr<T>(),
+        Rows<T>(dq, st, C), Rows<T>(dk, st, C), Rows<T>(dw, st, C), Rows<T>(db, st, C),
+        H, Gr, C, D, sub_block, R, static_cast<T>(scale)}, NB);
+  };
+  if (dt == at::kFloat) {
+    run(0.f);
+  } else {
+    run(0.0);
+  }
+  return std::make_tuple(dq, dk, dw, db);
 }
 
 }  // namespace
@@ -266,4 +333,8 @@ TORCH_LIBRARY_FRAGMENT(pathattn_cpu, m) {
   m.def("ut_bwd(Tensor qb, Tensor kb, Tensor wb, Tensor bb, float scale, int sub_block, "
         "Tensor dqt, Tensor dkt, Tensor dpt, Tensor ds) -> (Tensor, Tensor, Tensor, Tensor)");
   m.impl("ut_bwd", c10::DispatchKey::CPU, TORCH_FN(ut_bwd));
+  m.def("ut_bwd_tokens(Tensor q, Tensor k, Tensor w, Tensor beta, Tensor start, int block, "
+        "float scale, int sub_block, Tensor dqt, Tensor dkt, Tensor dpt, Tensor ds) -> "
+        "(Tensor, Tensor, Tensor, Tensor)");
+  m.impl("ut_bwd_tokens", c10::DispatchKey::CPU, TORCH_FN(ut_bwd_tokens));
 }

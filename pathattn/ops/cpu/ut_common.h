@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common.h"
+#include "rows.h"
 
 #include <cstring>
 #include <vector>
@@ -47,6 +48,34 @@ inline int64_t check_ut_inputs(const char* op, const at::Tensor& qb, const at::T
   TORCH_CHECK(bb.sizes() == at::IntArrayRef({NB, H, C * R}), op, ": bb shape");
   TORCH_CHECK(sub_block >= 1 && C % sub_block == 0, op,
               ": sub_block must divide the block size");
+  return R;
+}
+
+// Token inputs of the UT kernels (rows.h): q [N, HQ, D], k [N, H, D], w [N, H, R * D],
+// beta [N, H, R] (one dtype, float32 or float64; unit stride along the last dim), start
+// [NB] int64 with block n covering tokens [start[n], start[n] + block); sub_block divides
+// block. Returns R.
+inline int64_t check_ut_token_inputs(const char* op, const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& w, const at::Tensor& beta,
+                                     const at::Tensor& start, int64_t block,
+                                     int64_t sub_block) {
+  const auto dt = q.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && beta.dim() == 3, op,
+              ": q, k and beta must be [N, heads, F]");
+  const int64_t N = q.size(0), HQ = q.size(1), D = q.size(2), H = k.size(1);
+  const int64_t R = beta.size(2);
+  TORCH_CHECK(H >= 1 && HQ % H == 0, op, ": q's heads must be a multiple of k's");
+  TORCH_CHECK(R >= 1, op, ": beta must have R >= 1 reflections per token");
+  check_token_input(op, q, "q", HQ, D, dt);
+  check_token_input(op, k, "k", H, D, dt);
+  check_token_input(op, w, "w", H, R * D, dt);
+  check_token_input(op, beta, "beta", H, R, dt);
+  TORCH_CHECK(k.size(0) == N && w.size(0) == N && beta.size(0) == N, op,
+              ": q, k, w and beta must have the same N tokens");
+  TORCH_CHECK(block >= 1 && sub_block >= 1 && block % sub_block == 0, op,
+              ": sub_block must divide the block size");
+  check_block_starts(op, start, start.size(0), block, N);
   return R;
 }
 

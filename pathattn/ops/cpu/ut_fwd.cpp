@@ -75,7 +75,8 @@ void ut_task(const UTArgs<T>& U, int64_t n, int64_t h, UTWork<T>& W) {
                      Qb + i * c * D, C * D, U.scale);
 
   // ---- combine the sub-blocks pairwise, spans of 1, 2, 4, ... sub-blocks (the last span
-  // of a level may be shorter when m = C / c is not a power of two): a span [lo, hi) keeps its rows of Q~ relative to its start (in qt),
+  // of a level may be shorter when m = C / c is not a power of two): a span [lo, hi)
+  // keeps its rows of Q~ relative to its start (in qt),
   // its rows of K~ relative to its end (in kt) and its transition Ps[lo] = pt_{hi-1} ...
   // pt_lo. Merging L = [lo, mid) and R = [mid, hi):
   //   S[R rows, L keys] = Q~_R K~_L^T,  Q~_R <- Q~_R Ps[lo],  K~_L <- K~_L Ps[mid]^T,
@@ -198,23 +199,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd_tokens(
   const FlopScope flops(kUtFwd);
   const char* op = "ut_fwd_tokens";
   const auto dt = q.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble, op, ": float32 or float64 only");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && beta.dim() == 3, op,
-              ": q, k and beta must be [N, heads, F]");
-  const int64_t N = q.size(0), HQ = q.size(1), D = q.size(2), H = k.size(1);
-  const int64_t R = beta.size(2), C = block, NB = start.size(0);
-  TORCH_CHECK(H >= 1 && HQ % H == 0, op, ": q's heads must be a multiple of k's");
-  TORCH_CHECK(R >= 1, op, ": beta must have R >= 1 reflections per token");
-  check_token_input(op, q, "q", HQ, D, dt);
-  check_token_input(op, k, "k", H, D, dt);
-  check_token_input(op, w, "w", H, R * D, dt);
-  check_token_input(op, beta, "beta", H, R, dt);
-  TORCH_CHECK(k.size(0) == N && w.size(0) == N && beta.size(0) == N, op,
-              ": q, k, w and beta must have the same N tokens");
-  TORCH_CHECK(C >= 1 && sub_block >= 1 && C % sub_block == 0, op,
-              ": sub_block must divide the block size");
-  check_block_starts(op, start, NB, C, N);
-  const int64_t Gr = HQ / H;
+  const int64_t R = check_ut_token_inputs(op, q, k, w, beta, start, block, sub_block);
+  const int64_t HQ = q.size(1), D = q.size(2), H = k.size(1);
+  const int64_t C = block, NB = start.size(0), Gr = HQ / H;
   UTOutputs out(NB, H, Gr, C, D, q.options());
   const int64_t* st = start.data_ptr<int64_t>();
   auto run = [&](auto zero) {

@@ -11,6 +11,7 @@ from pathattn.ops.blockwise import backward_scan, block_growth, forward_scan
 from pathattn.ops.cpu import (
     fused_backward_scan,
     fused_forward_scan,
+    fused_token_backward_scan,
     fused_token_scan,
     load_kernels,
     predecessors,
@@ -18,8 +19,8 @@ from pathattn.ops.cpu import (
     scan_group,
 )
 from pathattn.ops.gates import block_gates
-from pathattn.ops.layout import block_starts, make_layout
-from pathattn.ops.stages import kv_blocks, rows_to_tokens, ut_blocks
+from pathattn.ops.layout import block_starts, from_head_blocks, make_layout
+from pathattn.ops.stages import kv_blocks, row_blocks, rows_to_tokens, ut_blocks
 from pathattn.ops.ut import block_ut
 
 from .._helpers import make_inputs, strided_view
@@ -195,6 +196,39 @@ def test_token_scan_matches_block_scan(case, dtype):
         assert float((x - r).abs().max() / r.abs().max()) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=lambda c: "-".join(map(str, c[:8])))
+def test_token_backward_scan_matches_block_scan(case, dtype):
+    """scan_bwd_tokens reads v, do, lse and delta per token (strided views) and accumulates
+    dv per token: the numbers of scan_bwd on the gathered blocks."""
+    B, T, HQ, H, D, Dv, C, gates, cu = case
+    N = B * T
+    lay, ut, vb, gt, _ = _block_inputs(B, T, HQ, H, D, Dv, C, gates, cu, dtype)
+    v = make_inputs(B, T, HQ, H, D, Dv, gates, dtype=dtype)[2]
+    o, lse = fused_token_scan(lay, block_starts(lay), *ut, v.reshape(N, H, Dv), gt)
+    gen = torch.Generator().manual_seed(3)
+    do = torch.randn(N, HQ, Dv, generator=gen).to(dtype)
+    delta = (do * o).sum(-1)
+    rows = lambda x: row_blocks(x.view(B, T, HQ, -1), lay, H, dtype).flatten(2, 3)  # noqa: E731
+    ref = fused_backward_scan(lay, *ut, vb, gt, rows(do), rows(lse)[..., 0],
+                              rows(delta)[..., 0])
+    ours = fused_token_backward_scan(lay, block_starts(lay), *ut,
+                                     strided_view(v.reshape(N, H, Dv)), gt,
+                                     strided_view(do), lse, delta)
+    tol = {torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
+    for name in ref._fields:
+        x, r = getattr(ours, name), getattr(ref, name)
+        if r is None:
+            assert x is None, name
+            continue
+        if name == "dv":
+            r = from_head_blocks(r, lay)  # [N, H, Dv]
+        assert x.shape == r.shape and x.dtype == dtype, name
+        # (dpt is 0 where no step multiplies transitions: sequences of 1 and 2 blocks)
+        err = float((x - r).abs().max() / (r.abs().max() or 1.0))
+        assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
+
+
 def test_token_scan_rejects_bad_values():
     lay, ut, vb, _, _ = _block_inputs(1, 64, 1, 1, 16, 16, 16, False, None, torch.float32)
     v = vb.new_zeros(64, 1, 16)
@@ -214,6 +248,10 @@ def test_token_opcheck(gates):
     lay, ut, vb, gt, _ = _block_inputs(1, 128, 2, 1, 16, 8, 32, gates, None, torch.float32)
     G = None if gt is None else gt.G.contiguous()
     v = make_inputs(1, 128, 2, 1, 16, 8, gates)[2].reshape(128, 1, 8)
-    torch.library.opcheck(torch.ops.pathattn_cpu.scan_fwd_tokens.default,
-                          (ut.qt.contiguous(), ut.kt.contiguous(), ut.pt.contiguous(),
-                           ut.s_diag.contiguous(), v, block_starts(lay), predecessors(lay), G))
+    args = (ut.qt.contiguous(), ut.kt.contiguous(), ut.pt.contiguous(),
+            ut.s_diag.contiguous(), v, block_starts(lay), predecessors(lay), G)
+    torch.library.opcheck(torch.ops.pathattn_cpu.scan_fwd_tokens.default, args)
+    o, lse = torch.ops.pathattn_cpu.scan_fwd_tokens(*args)
+    do = torch.randn_like(o)
+    torch.library.opcheck(torch.ops.pathattn_cpu.scan_bwd_tokens.default,
+                          args + (do, lse, (do * o).sum(-1)))

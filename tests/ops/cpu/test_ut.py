@@ -7,8 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pathattn.ops.cpu import fused_block_ut, fused_token_ut, load_kernels, ut_backward, ut_forward
-from pathattn.ops.layout import block_starts, make_layout
+from pathattn.ops.cpu import (
+    fused_block_ut,
+    fused_token_ut,
+    load_kernels,
+    token_ut_backward,
+    ut_backward,
+    ut_forward,
+)
+from pathattn.ops.layout import block_starts, from_head_blocks, make_layout
 from pathattn.ops.stages import ut_blocks
 from pathattn.ops.ut import block_ut, sub_block_size, sub_block_target
 
@@ -155,6 +162,37 @@ def test_token_ut_matches_block_ut(case, dtype, strided):
         assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=lambda c: "-".join(map(str, c[:7])))
+def test_token_ut_backward_matches_block_ut_backward(case, dtype):
+    """ut_bwd_tokens: the gradients of ut_bwd on the gathered blocks, written per token."""
+    B, T, HQ, H, D, C, R, cu = case
+    q, k, _, w, beta, _ = make_reflection_inputs(B, T, HQ, H, D, D, R, False, dtype)
+    lay = make_layout(B, T, C, None if cu is None else torch.tensor(cu), torch.device("cpu"))
+    blocks = ut_blocks(q, k, w, beta, lay, dtype)
+    gen = torch.Generator().manual_seed(1)
+    cot = [torch.randn(x.shape, generator=gen).to(dtype)
+           for x in fused_block_ut(*blocks, 0.3)]
+    ref = ut_backward(*blocks, 0.3, *cot)  # block tensors, as `blocks`
+    N = B * T
+    toks = [strided_view(x.reshape(N, x.shape[2], -1)) for x in (q, k, w, beta)]
+    ours = token_ut_backward(*toks, block_starts(lay), C, 0.3, *cot)
+    tol = {torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
+    for name, x, r, tok in zip(("q", "k", "w", "beta"), ours, ref, toks, strict=True):
+        assert x.shape == tok.shape and x.dtype == dtype, name
+        rt = _block_grad_to_tokens(r, lay, tok.shape)
+        err = float((x - rt).abs().max() / rt.abs().max())
+        assert err < tol, f"d{name}: max error {err:.2e} relative to max |ref|"
+
+
+def _block_grad_to_tokens(xb, lay, shape):
+    """Block gradients ([NB, H, Gr, C, D], [NB, H, C, D], [NB, H, C * R, D], [NB, H, C * R])
+    -> token rows of `shape` [N, heads, F]."""
+    NB, C = lay.NB, lay.C
+    heads, F = shape[1], shape[2]
+    return from_head_blocks(xb.reshape(NB, heads, C, F), lay).view(shape)
+
+
 def test_token_ut_rejects_bad_inputs():
     q, k, _, w, beta, _ = make_reflection_inputs(1, 64, 2, 2, 16, 16, 1, False)
     toks = [x.reshape(64, 2, -1) for x in (q, k, w, beta)]
@@ -177,5 +215,7 @@ def test_token_ut_rejects_bad_inputs():
 def test_token_opcheck():
     q, k, _, w, beta, _ = make_reflection_inputs(1, 64, 2, 1, 16, 16, 2, False)
     toks = tuple(x.reshape(64, x.shape[2], -1) for x in (q, k, w, beta))
-    torch.library.opcheck(torch.ops.pathattn_cpu.ut_fwd_tokens.default,
-                          toks + (torch.tensor([32, 0]), 32, 0.5, 16))
+    args = toks + (torch.tensor([32, 0]), 32, 0.5, 16)
+    torch.library.opcheck(torch.ops.pathattn_cpu.ut_fwd_tokens.default, args)
+    grads = tuple(torch.randn_like(x) for x in torch.ops.pathattn_cpu.ut_fwd_tokens(*args))
+    torch.library.opcheck(torch.ops.pathattn_cpu.ut_bwd_tokens.default, args + grads)
