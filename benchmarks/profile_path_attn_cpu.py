@@ -2,9 +2,10 @@
 size under torch.profiler, PaTH's self CPU time split into its stages.
 
 Stages: the fused scans (`pathattn_cpu::scan_fwd`, `scan_bwd`: the attention itself), the
-UT transform (`ut_fwd`, run again in the backward, and `ut_bwd`), the layout's gathers
-(tokens <-> blocks), the input checks, and everything else (small PyTorch ops between the
-stages). Each is printed in ms and as a multiple of SDPA's forward + backward, so the row
+UT transform (`ut_fwd`, run again in the backward, and `ut_bwd`), each also in the form
+that reads and writes the token tensors in place (`*_tokens`, taken where no block is
+padded), the layout's gathers (tokens <-> blocks, where blocks are padded), the input
+checks, and everything else (small PyTorch ops between the stages). Each is printed in ms and as a multiple of SDPA's forward + backward, so the row
 "total" is the ratio that `benchmarks/bench_path_attn_cpu.py` measures and the rows say
 what it consists of. The profile with the smallest PaTH total over --repeats is shown (and
 SDPA's smallest). The fused kernels' matrix FLOPs, counted as they run, give each kernel's
@@ -36,6 +37,10 @@ STAGES = {  # profiler event name -> stage
     "pathattn_cpu::scan_bwd": "scan backward",
     "pathattn_cpu::ut_fwd": "UT transform (forward, and again in the backward)",
     "pathattn_cpu::ut_bwd": "UT transform backward",
+    "pathattn_cpu::scan_fwd_tokens": "scan forward",
+    "pathattn_cpu::scan_bwd_tokens": "scan backward",
+    "pathattn_cpu::ut_fwd_tokens": "UT transform (forward, and again in the backward)",
+    "pathattn_cpu::ut_bwd_tokens": "UT transform backward",
     "aten::index_select": "gathers tokens <-> blocks",
     "aten::index_fill_": "gathers tokens <-> blocks",
     "aten::index_copy_": "gathers tokens <-> blocks",
