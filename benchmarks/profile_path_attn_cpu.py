@@ -5,7 +5,8 @@ Stages: the fused scans (`pathattn_cpu::scan_fwd`, `scan_bwd`: the attention its
 UT transform (`ut_fwd`, run again in the backward, and `ut_bwd`), each also in the form
 that reads and writes the token tensors in place (`*_tokens`, taken where no block is
 padded), the layout's gathers (tokens <-> blocks, where blocks are padded), the input
-checks, and everything else (small PyTorch ops between the stages). Each is printed in ms and as a multiple of SDPA's forward + backward, so the row
+checks, and everything else (small PyTorch ops between the stages). Each is printed in ms
+and as a multiple of SDPA's forward + backward, so the row
 "total" is the ratio that `benchmarks/bench_path_attn_cpu.py` measures and the rows say
 what it consists of. The profile with the smallest PaTH total over --repeats is shown (and
 SDPA's smallest). The fused kernels' matrix FLOPs, counted as they run, give each kernel's
