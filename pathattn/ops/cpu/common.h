@@ -200,6 +200,17 @@ void exp_shifted(T* x, int n, T shift) {
   for (int j = 0; j < n; ++j) x[j] = exp_one(x[j] - shift);
 }
 
+// f(float{}) for float32, f(double{}) otherwise (float64): a kernel's generic lambda run
+// for its dtype, `using T = decltype(zero)` inside.
+template <typename F>
+void dispatch_float(at::ScalarType dt, F&& f) {
+  if (dt == at::kFloat) {
+    f(0.f);
+  } else {
+    f(0.0);
+  }
+}
+
 // op's input `name`: a contiguous CPU tensor of `dim` dimensions and dtype dt.
 inline void check_input(const char* op, const at::Tensor& x, const char* name, int64_t dim,
                         at::ScalarType dt) {

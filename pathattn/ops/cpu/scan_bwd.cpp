@@ -366,11 +366,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     A.dv = Rows<T>(out.dv.data_ptr<T>(), H, C, Dv);
     out.run<T>(A, G.has_value());
   };
-  if (dt == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(dt, run);
   return out.tuple();
 }
 
@@ -408,11 +404,7 @@ scan_bwd_tokens(const at::Tensor& qt, const at::Tensor& kt, const at::Tensor& pt
     A.dv = Rows<T>(out.dv, st, C);
     out.run<T>(A, G.has_value());
   };
-  if (dt == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(dt, run);
   return out.tuple();
 }
 

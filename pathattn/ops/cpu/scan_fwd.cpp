@@ -157,11 +157,7 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd(
                        Rows<T>(o.data_ptr<T>(), HQ, C, Dv), Rows<T>(lse.data_ptr<T>(), HQ, C, 1)),
                qt.options());
   };
-  if (qt.scalar_type() == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(qt.scalar_type(), run);
   return {o, lse};
 }
 
@@ -186,11 +182,7 @@ std::tuple<at::Tensor, at::Tensor> scan_fwd_tokens(
                        Rows<T>(lse.data_ptr<T>(), st, HQ, C, 1, HQ, 1)),
                qt.options());
   };
-  if (qt.scalar_type() == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(qt.scalar_type(), run);
   return {o, lse};
 }
 

@@ -284,11 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd(
         Rows<T>(dw.data_ptr<T>(), H, C, R * D), Rows<T>(db.data_ptr<T>(), H, C, R),
         H, Gr, C, D, sub_block, R, static_cast<T>(scale)}, NB);
   };
-  if (dt == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(dt, run);
   return std::make_tuple(dq, dk, dw, db);
 }
 
@@ -319,11 +315,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_bwd_tokens(
         Rows<T>(dq, st, C), Rows<T>(dk, st, C), Rows<T>(dw, st, C), Rows<T>(db, st, C),
         H, Gr, C, D, sub_block, R, static_cast<T>(scale)}, NB);
   };
-  if (dt == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(dt, run);
   return std::make_tuple(dq, dk, dw, db);
 }
 

@@ -182,11 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd(
               Rows<T>(wb.data_ptr<T>(), H, C, R * D), Rows<T>(bb.data_ptr<T>(), H, C, R),
               out, NB, H, Gr, D, scale, sub_block, R);
   };
-  if (dt == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(dt, run);
   return out.tuple();
 }
 
@@ -209,11 +205,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ut_fwd_tokens(
     run_ut<T>(Rows<T>(q, st, C), Rows<T>(k, st, C), Rows<T>(w, st, C), Rows<T>(beta, st, C),
               out, NB, H, Gr, D, scale, sub_block, R);
   };
-  if (dt == at::kFloat) {
-    run(0.f);
-  } else {
-    run(0.0);
-  }
+  dispatch_float(dt, run);
   return out.tuple();
 }
 

@@ -92,14 +92,23 @@ def test_fused_backward_matches_torch_scan(case, dtype, group):
                                group=group)
     torch.testing.assert_close(s_diag, ut.s_diag, rtol=0, atol=0)  # read only
     ref = backward_scan(lay, ut.qt, ut.kt, ut.pt, ut.s_diag.clone(), vb, gt, do, lse, delta)
-    tol = {torch.float32: 1e-4, torch.float64: 1e-11}[dtype]
+    _assert_grads_close(ours, ref, dtype, {torch.float32: 1e-4, torch.float64: 1e-11}[dtype])
+
+
+def _assert_grads_close(ours, ref, dtype, tol, to_ref=None):
+    """Every field of two `ScanGrads` within tol of the reference's largest entry (both None
+    where the reference's is); to_ref(name, x): the reference's layout of our field."""
     for name in ref._fields:
         x, x_ref = getattr(ours, name), getattr(ref, name)
         if x_ref is None:
             assert x is None, name
             continue
+        if to_ref is not None:
+            x_ref = to_ref(name, x_ref)
         assert x.dtype == dtype and x.shape == x_ref.shape, name
-        scale = x_ref.abs().max().clamp_min(1e-30)  # relative to the largest entry
+        # relative to the largest entry (dpt is 0 where no step multiplies transitions:
+        # sequences of 1 and 2 blocks)
+        scale = x_ref.abs().max().clamp_min(1e-30)
         err = float((x - x_ref).abs().max() / scale)
         assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
 
@@ -215,18 +224,9 @@ def test_token_backward_scan_matches_block_scan(case, dtype):
     ours = fused_token_backward_scan(lay, block_starts(lay), *ut,
                                      strided_view(v.reshape(N, H, Dv)), gt,
                                      strided_view(do), lse, delta)
-    tol = {torch.float32: 1e-6, torch.float64: 1e-14}[dtype]
-    for name in ref._fields:
-        x, r = getattr(ours, name), getattr(ref, name)
-        if r is None:
-            assert x is None, name
-            continue
-        if name == "dv":
-            r = from_head_blocks(r, lay)  # [N, H, Dv]
-        assert x.shape == r.shape and x.dtype == dtype, name
-        # (dpt is 0 where no step multiplies transitions: sequences of 1 and 2 blocks)
-        err = float((x - r).abs().max() / (r.abs().max() or 1.0))
-        assert err < tol, f"{name}: max error {err:.2e} relative to max |ref|"
+    _assert_grads_close(  # dv [N, H, Dv] per token
+        ours, ref, dtype, {torch.float32: 1e-6, torch.float64: 1e-14}[dtype],
+        lambda name, r: from_head_blocks(r, lay) if name == "dv" else r)
 
 
 def test_token_scan_rejects_bad_values():
