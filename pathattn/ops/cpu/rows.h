@@ -5,8 +5,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace pathattn_cpu {
 
@@ -87,7 +89,8 @@ inline void check_token_input(const char* op, const at::Tensor& x, const char* n
               " must have unit stride along its last dim");
 }
 
-// start [NB] int64 (contiguous, CPU): block n covers tokens [start[n], start[n] + C) of N.
+// start [NB] int64 (contiguous, CPU): block n covers tokens [start[n], start[n] + C) of N,
+// and no two blocks share a token (the kernels write and accumulate per token).
 inline void check_block_starts(const char* op, const at::Tensor& start, int64_t NB,
                                int64_t C, int64_t N) {
   TORCH_CHECK(start.device().is_cpu() && start.dim() == 1 &&
@@ -99,6 +102,11 @@ inline void check_block_starts(const char* op, const at::Tensor& start, int64_t 
   for (int64_t n = 0; n < NB; ++n)
     TORCH_CHECK(s[n] >= 0 && s[n] + C <= N, op, ": start[", n, "] = ", s[n],
                 ": a block of ", C, " tokens must lie within the ", N, " tokens");
+  std::vector<int64_t> sorted(s, s + NB);
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t n = 1; n < NB; ++n)
+    TORCH_CHECK(sorted[n] >= sorted[n - 1] + C, op, ": the blocks from tokens ",
+                sorted[n - 1], " and ", sorted[n], " overlap (blocks of ", C, " tokens)");
 }
 
 }  // namespace pathattn_cpu

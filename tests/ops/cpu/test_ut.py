@@ -206,6 +206,7 @@ def test_token_ut_rejects_bad_inputs():
          "q must have unit stride along its last dim"),
         (toks, torch.tensor([40, 0]), r"start\[0\] = 40: a block of 32 tokens must lie"),
         (toks, torch.tensor([32, 0], dtype=torch.int32), "start must be a contiguous int64"),
+        (toks, torch.tensor([16, 0]), "the blocks from tokens 0 and 16 overlap"),
     ]
     for args, st, message in bad:
         with pytest.raises(RuntimeError, match=message):
