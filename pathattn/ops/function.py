@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from .blockwise import ScanGrads
 from .cpu import (
     fused_block_ut,
     fused_token_backward_scan,
@@ -117,11 +118,17 @@ def _backward_tokens(lay: BlockLayout, start: torch.Tensor, do, q, k, v, w, beta
                                       lse.reshape(N, HQ), delta)
     dq, dk, dw, dbeta = token_ut_backward(*toks, start, lay.C, scale, grads.dqt, grads.dkt,
                                           grads.dpt, grads.ds_diag)
-    dg = q.new_empty(0) if g is None else \
-        gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)
     return (dq.view(q.shape).to(q.dtype), dk.view(k.shape).to(k.dtype),
             grads.dv.view(v.shape).to(v.dtype), dw.view(w.shape).to(w.dtype),
-            dbeta.view(beta.shape).to(beta.dtype), dg)
+            dbeta.view(beta.shape).to(beta.dtype), _gate_input_grad(grads, lay, g, q))
+
+
+def _gate_input_grad(grads: ScanGrads, lay: BlockLayout, g, q) -> torch.Tensor:
+    """dg [B, T, HQ] in g's dtype from the scan's gate column sums; an empty tensor (q's
+    dtype) without gates."""
+    if g is None:
+        return q.new_empty(0)
+    return gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)
 
 
 def blocks_backward(lay: BlockLayout, qb, kb, wb, bb, vb, gates, do_rows, lse, delta,
@@ -287,8 +294,7 @@ def blockwise_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         dq = rows_to_tokens(dqb.flatten(2, 3), lay, q.shape)
         dk, dw, dv, dbeta = (kv_tokens(x, lay, ref.shape)
                              for x, ref in ((dkb, k), (dwb, w), (grads.dv, v), (dbb, beta)))
-        dg = q.new_empty(0) if g is None else \
-            gate_grad(grads.dgate_col, lay).view(g.shape).to(g.dtype)
+        dg = _gate_input_grad(grads, lay, g, q)
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dw.to(w.dtype),
             dbeta.to(beta.dtype), dg)
 

@@ -82,20 +82,21 @@ def fused_token_scan(lay: BlockLayout, start: torch.Tensor, qt, kt, pt, s_diag, 
     [start[n], start[n] + C) (`pathattn.ops.layout.block_starts`). Returns o [N, HQ, Dv]
     and lse [N, HQ] (HQ = H * R / C, query head h * Gr + g), the same numbers as
     `fused_forward_scan` of those blocks."""
-    G = None if gates is None else gates.G.contiguous()
     return torch.ops.pathattn_cpu.scan_fwd_tokens(
-        qt.contiguous(), kt.contiguous(), pt.contiguous(), s_diag.contiguous(), v, start,
-        predecessors(lay), G, _group(lay, qt, kt, group))
+        *_kernel_args(lay, qt, kt, pt, s_diag, v, gates, start), _group(lay, qt, kt, group))
 
 
 def _group(lay, qt, kt, group):
     return scan_group(qt.shape[2], kt.shape[2], lay.n_max) if group is None else group
 
 
-def _kernel_args(lay, qt, kt, pt, s_diag, vb, gates):
+def _kernel_args(lay, qt, kt, pt, s_diag, vb, gates, start=None):
+    """The scan kernels' common arguments: block values vb made contiguous, or (start given)
+    token values vb [N, H, Dv] as they are, followed by start."""
     G = None if gates is None else gates.G.contiguous()
+    values = (vb.contiguous(),) if start is None else (vb, start)
     return (qt.contiguous(), kt.contiguous(), pt.contiguous(), s_diag.contiguous(),
-            vb.contiguous(), predecessors(lay), G)
+            *values, predecessors(lay), G)
 
 
 def scan_forward(lay: BlockLayout, ut: BlockUT, vb, gates: BlockGates | None, wb, bb,
@@ -128,11 +129,9 @@ def fused_token_backward_scan(lay: BlockLayout, start: torch.Tensor, qt, kt, pt,
     int64. Returns `ScanGrads` whose dv is token values [N, H, Dv] (the other fields block
     tensors, as `fused_backward_scan`'s)."""
     dt = qt.dtype
-    G = None if gates is None else gates.G.contiguous()
     dqt, dkt, dpt, ds_diag, dv, dcol = torch.ops.pathattn_cpu.scan_bwd_tokens(
-        qt.contiguous(), kt.contiguous(), pt.contiguous(), s_diag.contiguous(), v, start,
-        predecessors(lay), G, do.to(dt), lse.to(dt).contiguous(), delta.to(dt).contiguous(),
-        _group(lay, qt, kt, group))
+        *_kernel_args(lay, qt, kt, pt, s_diag, v, gates, start), do.to(dt),
+        lse.to(dt).contiguous(), delta.to(dt).contiguous(), _group(lay, qt, kt, group))
     return ScanGrads(dqt, dkt, dpt, ds_diag, dv, None if gates is None else dcol)
 
 
