@@ -3,7 +3,7 @@ run, interleaved repetitions (the VM is noisy: minima and medians are both print
 
 Gates push far keys' probabilities many orders of magnitude below the row maximum; the op
 sets those below exp(-64) to exact zeros so that no subnormal floats reach exp and the GEMMs
-(`pathattn/ops/blockwise.py`, _EXP_CUTOFF). Before that change the gated op was 4-5x
+(`pathattn/ops/path/blockwise.py`, _EXP_CUTOFF). Before that change the gated op was 4-5x
 slower than the ungated one on x86; the ratio printed here should stay near 1.
 
     python benchmarks/bench_gates_cpu.py                 # T = 2048, H = 4, D = 64

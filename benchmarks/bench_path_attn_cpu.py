@@ -38,7 +38,7 @@ from _env import load_average, system_info  # benchmarks/ is on sys.path
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pathattn import path_attn
-from pathattn.ops.cpu import load_kernels
+from pathattn.ops.path.cpu import load_kernels
 
 DEFAULT_SEQ_LENS = (1024, 2048, 4096, 8192)
 QUICK_SEQ_LENS = (256, 512)

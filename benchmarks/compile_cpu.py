@@ -2,7 +2,7 @@
 torch.compile (fullgraph, default inductor backend), side by side in one run with
 interleaved repetitions (the VM is noisy: minima and medians are both printed).
 
-The PaTH op is one custom-op node in the compiled graph (`pathattn.ops.function`): the
+The PaTH op is one custom-op node in the compiled graph (`pathattn.ops.path.function`): the
 compiler fuses the projections, norms, gates and loss around it, not the op itself. The
 compile time (first call, forward and backward) is printed apart.
 

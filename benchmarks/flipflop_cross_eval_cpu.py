@@ -27,10 +27,11 @@ import torch
 from _env import system_info  # benchmarks/ is on sys.path
 
 from pathattn.models import PaTHLM
-from pathattn.train import TrainConfig, atomic_write_bytes
+from pathattn.train import SyntheticConfig
 from pathattn.train.checkpoint import load_checkpoint
-from pathattn.train.config import build_model_config, build_task, model_vocab_size
 from pathattn.train.evaluate import evaluate
+from pathattn.train.synthetic import build_model_config, build_task, model_vocab_size
+from pathattn.utils.io import atomic_write_bytes
 
 SPLITS = ("val", "val_sparse", "val_dense")
 
@@ -45,8 +46,8 @@ def run_dirs(folder: Path, attn: str) -> dict[int, Path]:
     return dict(sorted(runs.items()))
 
 
-def load_model(run: Path) -> tuple[PaTHLM, TrainConfig]:
-    cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
+def load_model(run: Path) -> tuple[PaTHLM, SyntheticConfig]:
+    cfg = SyntheticConfig.from_dict(json.loads((run / "config.json").read_text()))
     model = PaTHLM(build_model_config(cfg, model_vocab_size(build_task(cfg)), 2048))
     load_checkpoint(run, model)
     return model, cfg

@@ -26,9 +26,9 @@ import torch
 from pathattn.models import PaTHLM
 from pathattn.tasks.flipflop import R as READ
 from pathattn.tasks.flipflop import W as WRITE
-from pathattn.train import TrainConfig
+from pathattn.train import SyntheticConfig
 from pathattn.train.checkpoint import load_checkpoint
-from pathattn.train.config import TaskStream, build_model_config, build_task, model_vocab_size
+from pathattn.train.synthetic import TaskStream, build_model_config, build_task, model_vocab_size
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # lower bounds in pairs (at most 255 in 256 pairs)
 
@@ -48,7 +48,7 @@ def bucket(g: torch.Tensor) -> torch.Tensor:
 
 
 def error_by_gap(run: Path, split: str, batches: int) -> tuple[list[int], list[int]]:
-    cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
+    cfg = SyntheticConfig.from_dict(json.loads((run / "config.json").read_text()))
     model = PaTHLM(build_model_config(cfg, model_vocab_size(build_task(cfg)), 2048)).eval()
     load_checkpoint(run, model)
     stream = TaskStream.for_split(cfg, split)
@@ -68,7 +68,7 @@ def error_by_gap(run: Path, split: str, batches: int) -> tuple[list[int], list[i
 
 def training_share(batches: int = 64) -> list[float]:
     """Share of the training split's reads in each bucket (sampled)."""
-    cfg = TrainConfig()
+    cfg = SyntheticConfig()
     stream = TaskStream.for_split(cfg, "train")
     counts = [0] * len(BUCKETS)
     for _ in range(batches):

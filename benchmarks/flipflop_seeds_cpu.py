@@ -3,7 +3,7 @@
 once per seed, with optional overrides of any training or model field, and a per-seed
 table of the final errors on val, val_sparse and val_dense.
 
-The main job is the `TrainConfig` defaults (preset "fflm-cpu"): 1 layer, 2 heads, width 64
+The main job is the `SyntheticConfig` defaults (preset "fflm-cpu"): 1 layer, 2 heads, width 64
 (`ModelConfig` preset "fflm-1l": w rank 32, short convolution 3, beta_max 2, init std
 0.02), 2000 steps of batch 16 sequences of 512 tokens (256 pairs, p_ignore 0.8), AdamW
 (0.9, 0.95) with lr 1e-3, weight decay 0.1, a linear warmup of 100 steps from 0 and a
@@ -39,11 +39,13 @@ from pathlib import Path
 
 from _env import system_info  # benchmarks/ is on sys.path
 
-from pathattn.cli import TRAIN_OPTIONS, add_model_arg_flag, model_args
-from pathattn.train import TrainConfig, atomic_write_bytes
+from pathattn.cli.args import add_model_arg_flag, model_args
+from pathattn.cli.synthetic import TRAIN_OPTIONS
+from pathattn.train import SyntheticConfig
 from pathattn.train.compare import compare, results_markdown
+from pathattn.utils.io import atomic_write_bytes
 
-PRESET = "fflm-cpu"  # the main job's TrainConfig (the defaults)
+PRESET = "fflm-cpu"  # the main job's SyntheticConfig (the defaults)
 SPLITS = ("val", "val_sparse", "val_dense")
 
 
@@ -80,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def overrides_of(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields given on the command line, name -> value (`model` for the
+    """The SyntheticConfig fields given on the command line, name -> value (`model` for the
     --model-arg fields)."""
     fields = [dest for _, dest, _, _ in TRAIN_OPTIONS if dest not in ("attn", "seed")]
     given = {k: getattr(args, k) for k in [*fields, "warmup_start_ratio", "num_pairs"]
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> None:
     overrides = overrides_of(args)
     name = args.name or default_name(overrides)
     out = args.out / name
-    base = TrainConfig.preset(PRESET, **overrides, out_dir=str(out),
+    base = SyntheticConfig.preset(PRESET, **overrides, out_dir=str(out),
                               progress=not args.no_progress)
     info = system_info()
     start = time.perf_counter()

@@ -165,7 +165,7 @@ def main() -> None:
     total = sum(best_path.values())
     print(f"| total | {total:.1f} | {total / sdpa:.3f} | | |")
     print(f"\nMinor page faults per forward + backward (fewest of {args.repeats}): PaTH "
-          f"{faults[0]}, SDPA {faults[1]} (the kernels' workspace, `pathattn.ops.cpu."
+          f"{faults[0]}, SDPA {faults[1]} (the kernels' workspace, `pathattn.ops.path.cpu."
           "workspace_info()`, keeps their own temporaries mapped)")
     if flops:
         print_floor(flops, attention_flops(T, H, D), sdpa)

@@ -3,7 +3,7 @@
 Runs on any machine, GPU or not: Triton's compiler and ptxas ship in its wheel. Every kernel
 of a forward + backward (UT transform, forward scan, segment products, backward scan, UT
 backward) is compiled for sm_80 (A100, 166,912 B of shared memory per block) and sm_90
-(H100, 232,448 B) with the launch configuration `pathattn.ops.triton.config.launch_config`
+(H100, 232,448 B) with the launch configuration `pathattn.ops.path.triton.config.launch_config`
 picks there, for R = 1 and several reflections per token, and its shared memory per program
 compared with the device's limit. Prints a markdown table (kernel, reflections per token,
 head dim, dtype, block size, shared memory on sm_80 / sm_90, and with --ptxas registers and
@@ -25,7 +25,7 @@ listed, not a failure.
 
 Shared memory is read after Triton's shared-memory allocation pass, which runs on the TTGIR
 at the start of the LLVM-IR stage: about 0.3 s per kernel instead of the 5-60 s the LLVM
-optimizer and ptxas take (`pathattn.ops.triton.fit` explains the stages; with --ptxas both
+optimizer and ptxas take (`pathattn.ops.path.triton.fit` explains the stages; with --ptxas both
 numbers are computed and must agree). Packed sequences (cu_seqlens) run the same kernels as
 dense batches, and head dims sharing a padded dim (48 and 64; 80, 96 and 128; 160, 192 and
 256) the same specialization, so each is compiled once and listed under the first head dim.
@@ -43,7 +43,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 
 import torch  # noqa: E402
 
-from pathattn.ops.triton import fit  # noqa: E402
+from pathattn.ops.path.triton import fit  # noqa: E402
 
 _DT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 

@@ -3,7 +3,7 @@ RADLADS): `student_from_teacher` maps a LLaMA-family Hugging Face model onto a
 `PaTHForCausalLM` (`mapping`, `student`), `distill` trains it in two stages (stage 1:
 per-layer attention-output MSE with the teacher's hidden states as inputs; stage 2:
 KL(teacher || student) on next-token distributions), and `pathattn convert` runs both
-from the command line (`cli`)."""
+from the command line (`pathattn.cli.convert`)."""
 
 from .distill import (
     DistillConfig,

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -56,10 +55,11 @@ import torch.nn.functional as F
 from ..data import EvalLoader, TokenDataset, TokenLoader
 from ..distributed import register_shard_plan, shard_frozen, shard_units
 from ..models import IGNORE_INDEX
-from ..train.evaluate import autocast_context
 from ..train.loop_config import LoopConfig
 from ..train.pretrain import TextSteps
 from ..train.workload import Workload, register_workload
+from ..utils import autocast_context
+from ..utils.io import atomic_dir
 from .mapping import family_of
 from .student import PaTHInit, student_from_teacher
 
@@ -407,12 +407,8 @@ def export_student(student: nn.Module, out: str | os.PathLike,
     """`save_pretrained` of the student (and the tokenizer) into `out`, replacing a
     previous export only once the new one is complete. Returns the folder."""
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    student.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with atomic_dir(out) as tmp:
+        student.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
     return out

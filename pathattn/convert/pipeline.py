@@ -36,8 +36,8 @@ from typing import Any
 import torch.distributed as dist
 
 from ..distributed import DP_MODES, full_state_dict, init_from_env
-from ..train.checkpoint import atomic_write_bytes
 from ..train.run_dir import finished_metrics, lock_run_dir
+from ..utils.io import atomic_dir, atomic_write_json
 from .distill import DistillConfig, export_student, unsharded_student
 from .student import DEFAULT_INIT, PaTHInit
 
@@ -97,7 +97,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+    atomic_write_json(path, data, indent=2)
 
 
 def _is_main() -> bool:
@@ -231,12 +231,8 @@ def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.P
         if not main:
             return {"step": cfgs[-1].steps}
         if cfgs[-1].stage == 1:  # no stage 2: the stage-1 student is the result
-            export_to = Path(cfgs[0].out_dir) / "hf"
-            tmp = out / ".hf.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(export_to, tmp)
-            shutil.rmtree(out / "hf", ignore_errors=True)
-            os.replace(tmp, out / "hf")
+            with atomic_dir(out / "hf") as tmp:
+                shutil.copytree(Path(cfgs[0].out_dir) / "hf", tmp, dirs_exist_ok=True)
         summary = _summary(metrics, _read_json(out / "init_metrics.json"))
         summary["configs"] = [c.to_dict() for c in cfgs]
         _write_json(out / "metrics.json", summary)

@@ -1,54 +1,13 @@
 """Fixed-size token batches from a prepared folder: `TokenLoader` (training, endless,
 resumable, shardable) and `EvalLoader` (the validation split, once).
 
-Stream: the training data is one endless token stream: the documents of epoch 0 in a
-shuffled order, concatenated, then those of epoch 1 in another order, and so on. Global
-batch k is the stream's positions [k B L, (k + 1) B L), cut into B rows of L tokens (L =
-seq_len, the training length), plus one token of lookahead for the labels. So every batch
-has exactly B L input tokens (no padding), every token of an epoch is an input once, an
-epoch boundary may fall inside a batch, and the state is one int (the batch index).
-
-Modes:
-- "packed" (default): attention stays inside documents. input_ids / labels [1, R L] (the
-  R rows of this rank, concatenated) and cu_seqlens int32 [S + 1] with a boundary at
-  every row start and every document start, so a document crossing a row boundary is cut
-  there, and every piece has at most L tokens (documents longer than L become windows of
-  at most L). labels follow `PaTHLM.forward` (aligned, IGNORE_INDEX = not scored):
-  labels[t] is the next token of the same document, also at the last position of a row
-  (the document goes on in the next row, whose first input that token is), and
-  IGNORE_INDEX at a document's last token (EOS: what follows is another document). So a
-  document of n tokens contributes exactly its n - 1 targets per epoch, each predicted
-  from the tokens of its own piece; a cut only drops the context before it.
-- "windows": plain fixed windows over the stream, as in unpacked GPT training:
-  input_ids [R, L] = stream[s : s + L], labels [R, L] = stream[s + 1 : s + L + 1] (the
-  next token, across document boundaries too: the model sees EOS / BOS separators and
-  earlier documents), no cu_seqlens.
-
-`PaTHLM`'s loss is the mean cross-entropy over the scored positions of the batch, so the
-loss of a packed batch is the token-weighted mean of its pieces' losses computed alone
-(tests/data/test_packing_loss.py checks it to 1e-10 in float64).
-
-Order: epoch e's order sorts the documents by splitmix64 hashes of (seed, e, document
-index): deterministic, a new order every epoch, and independent of numpy's random number
-generators (whose streams may change between numpy versions); shuffle=False keeps the
-stored order every epoch.
-
-Data parallelism: rank r of W gets rows [r0, r1) of every global batch, the split of
-`np.array_split` / `torch.tensor_split` of B rows into W parts (the first B % W ranks get
-one row more), as in `pathattn.distributed`; concatenated in rank order they are the
-global batch. `Batch.global_num_scored` is the number of scored targets of the whole
-global batch (the divisor of a data-parallel mean).
-
-Resume: `state_dict()` holds the index of the next batch and the options that define the
-stream (plain ints / strings / bools, JSON-serialisable); `load_state_dict` checks those
-and continues with exactly the next batch. The world size may differ after a resume: the
-global batches are the same.
-
-Evaluation: `EvalLoader` goes once over the validation split in stored order, cut into
-batches the same way, each document once; the last batch is padded to the full shape with
-the pad id (pad positions are never scored and, packed, form their own segments), so that
-every rank gets batches of the same shape. A rank's share of the last batch may score
-nothing (num_scored 0): sum token losses rather than averaging per-batch means.
+Global batch k is the positions [k B L, (k + 1) B L) of an endless stream of shuffled
+epochs (L = seq_len), plus one token of lookahead: no padding, and the resume state is one
+int. "packed" rows carry `cu_seqlens` boundaries at every row and document start (labels
+IGNORE_INDEX at a document's last token); "windows" rows are plain next-token windows.
+Rank r of W gets rows [r0, r1) of every global batch. `EvalLoader` pads its last batch with
+the pad id, never scored. The stream, modes, order, sharding and resume in detail:
+docs/pretraining.md, "The token stream".
 """
 
 from __future__ import annotations

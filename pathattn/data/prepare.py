@@ -36,7 +36,6 @@ Choices and reasons:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import multiprocessing as mp
 import numbers
@@ -57,7 +56,7 @@ from .corpus import CorpusReader, DataError, collect_sources, read_text_file
 from .tokenizer import load_tokenizer, special_ids
 
 __all__ = ["prepare_dataset", "token_dtype", "split_key", "DATA_FILES", "SPLITS", "FORMAT",
-           "FORMAT_VERSION", "DEFAULT_VAL_FRACTION", "add_prepare_arguments", "run_prepare"]
+           "FORMAT_VERSION", "DEFAULT_VAL_FRACTION"]
 
 FORMAT, FORMAT_VERSION = "pathattn-tokens", 1
 SPLITS = ("train", "val")
@@ -313,46 +312,3 @@ def prepare_dataset(inputs=None, tokenizer: str | os.PathLike = "tokenizer",
             writer.commit()
         write_json(out / "meta.json", meta)
     return meta
-
-
-# --------------------------------------------------------------------------- CLI
-
-def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `pathattn prepare`; sets `run=run_prepare`."""
-    p.add_argument("--input", dest="inputs", nargs="+", action="extend", metavar="PATH",
-                   help="text files, folders (searched recursively for .txt .md .py .rst "
-                   ".jsonl .parquet), .jsonl / .parquet files with a text field (default: the "
-                   "Python standard library's *.py files)")
-    p.add_argument("--tokenizer", required=True, metavar="DIR",
-                   help="tokenizer folder (pathattn tokenizer, or a Hugging Face one)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, metavar="F",
-                   help=f"share of documents in the validation split (default "
-                   f"{DEFAULT_VAL_FRACTION})")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="tokenizing processes (default: CPU count, at most 8)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the split (default 0)")
-    p.add_argument("--text-field", default="text", metavar="NAME",
-                   help="text field of .jsonl / .parquet records (default text)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the dataset files of a non-empty --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run_prepare)
-
-
-def run_prepare(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None
-                ) -> int:
-    """Run `pathattn prepare`; a DataError goes to `parser.error` (or is raised)."""
-    try:
-        meta = prepare_dataset(args.inputs, args.tokenizer, args.out,
-                               val_fraction=args.val_fraction, workers=args.workers,
-                               seed=args.seed, text_field=args.text_field,
-                               overwrite=args.overwrite, progress=not args.no_progress)
-    except ValueError as e:
-        if parser is None:
-            raise
-        parser.error(str(e))
-    train, val = meta["splits"]["train"], meta["splits"]["val"]
-    print(f"wrote {train['documents']} train / {val['documents']} val documents "
-          f"({train['tokens']} / {val['tokens']} {meta['dtype']} tokens) to {args.out}")
-    return 0

@@ -23,18 +23,18 @@ ids, and refuses one without an eos token (documents must end with it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import shutil
 from pathlib import Path
 
-from ._files import package_versions, prepare_out_dir, temp_dir, write_json
+from ..utils.io import move_into_place, temp_dir
+from ._files import package_versions, prepare_out_dir, write_json
 from .corpus import CorpusReader, DataError, collect_sources
 
 __all__ = ["train_tokenizer", "load_tokenizer", "special_ids", "SPECIAL_TOKENS",
-           "TOKENIZER_FILES", "add_tokenizer_arguments", "run_tokenizer"]
+           "TOKENIZER_FILES"]
 
 SPECIAL_TOKENS = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -121,7 +121,7 @@ def train_tokenizer(inputs=None, vocab_size: int = DEFAULT_VOCAB_SIZE,
 
 def _save(hf, out: Path, info: dict) -> None:
     """Write the tokenizer files to `out`: saved to a temp folder inside it, then each
-    moved into place (os.replace) with the record last."""
+    moved into place (`move_into_place`: fsync, rename) with the record last."""
     tmp = temp_dir(out, TEMP_NAME)
     try:
         hf.save_pretrained(tmp)
@@ -132,7 +132,7 @@ def _save(hf, out: Path, info: dict) -> None:
         write_json(config_path, config)
         write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS)
         for name in TOKENIZER_FILES[:-1]:
-            os.replace(tmp / name, out / name)
+            move_into_place(tmp / name, out / name)
         write_json(out / "pathattn_tokenizer.json", info)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -165,41 +165,3 @@ def special_ids(tok) -> dict[str, int | None]:
     the pad id falls back to the eos id, pad positions are never scored)."""
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return {"bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id, "pad_id": pad}
-
-
-# --------------------------------------------------------------------------- CLI
-
-def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `pathattn tokenizer`; sets `run=run_tokenizer`."""
-    p.add_argument("--input", dest="inputs", nargs="+", action="extend", metavar="PATH",
-                   help="text files, folders (searched recursively for .txt .md .py .rst "
-                   ".jsonl .parquet), .jsonl / .parquet files (default: the Python standard "
-                   "library's *.py files)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, metavar="N",
-                   help=f"vocabulary size, special tokens included (default "
-                   f"{DEFAULT_VOCAB_SIZE})")
-    p.add_argument("--out", required=True, metavar="DIR", help="tokenizer folder")
-    p.add_argument("--min-frequency", type=int, default=2, metavar="N",
-                   help="pairs seen fewer times are not merged (default 2)")
-    p.add_argument("--text-field", default="text", metavar="NAME",
-                   help="text field of .jsonl / .parquet records (default text)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the tokenizer files of a non-empty --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(run=run_tokenizer)
-
-
-def run_tokenizer(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None
-                  ) -> int:
-    """Run `pathattn tokenizer`; a DataError goes to `parser.error` (or is raised)."""
-    try:
-        out = train_tokenizer(args.inputs, args.vocab_size, args.out,
-                              min_frequency=args.min_frequency, text_field=args.text_field,
-                              overwrite=args.overwrite, progress=not args.no_progress)
-    except ValueError as e:
-        if parser is None:
-            raise
-        parser.error(str(e))
-    tok = load_tokenizer(out)
-    print(f"wrote a {len(tok)}-token byte-level BPE tokenizer to {out}")
-    return 0

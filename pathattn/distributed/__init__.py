@@ -1,8 +1,7 @@
 """Parallelism applied from outside the model (the model code stays unchanged).
 
 * `context_parallel_path_attn`: context-parallel (ring) PaTH attention over
-  torch.distributed (paper section 3.5), in `context_parallel.py` (per-shard pieces in
-  `shard.py`, point-to-point plumbing in `ring.py`);
+  torch.distributed (paper section 3.5), from `pathattn.ops.path.cp`, where the op lives;
 * `context_parallel(model, group)`: runs every PaTH layer of an unchanged model on a
   sequence shard (`model_parallel.py`);
 * `DistributedTraining`: data parallelism (DDP or FSDP2) with optional context parallelism
@@ -13,7 +12,7 @@
 See docs/context_parallel.md.
 """
 
-from .context_parallel import context_parallel_path_attn
+from ..ops.path.cp import context_parallel_path_attn
 from .data_parallel import DP_MODES, DistributedTraining, init_from_env, replica_layout
 from .fsdp import (
     full_state_dict,

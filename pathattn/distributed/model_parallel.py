@@ -24,8 +24,7 @@ import contextlib
 import torch
 
 from ..nn.path_attention import AttentionProjections, PaTHAttention
-from .context_parallel import context_parallel_path_attn
-from .ring import Ring
+from ..ops.path.cp import Ring, context_parallel_path_attn
 
 __all__ = ["context_parallel", "RingShard", "halo_exchange"]
 

@@ -43,19 +43,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import string
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from .longctx import (
-    LongContextTask,
-    answer_budget,
-    make_task,
-    write_jsonl_atomic,
-    write_text_atomic,
-)
+from ..utils.io import atomic_write_bytes, atomic_write_json, atomic_write_jsonl, atomic_write_text
+from .longctx import LongContextTask, answer_budget, make_task
 
 __all__ = ["require_lm_eval", "lm_model", "evaluate_lm", "results_table", "export_documents",
            "write_ppl_task", "write_longctx_tasks", "save_results", "PPL_TASK",
@@ -127,9 +121,10 @@ def save_results(results: dict, out_dir: str | os.PathLike) -> Path:
 
     kept = {k: v for k, v in results.items() if k != "samples"}
     out = Path(out_dir)
-    path = write_text_atomic(out / "lm_eval_results.json", json.dumps(
-        kept, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n")
-    write_text_atomic(out / "lm_eval_results.md", results_table(results))
+    out.mkdir(parents=True, exist_ok=True)
+    path = atomic_write_json(out / "lm_eval_results.json", kept, indent=2,
+                             default=handle_non_serializable, ensure_ascii=False)
+    atomic_write_text(out / "lm_eval_results.md", results_table(results))
     return path
 
 
@@ -140,9 +135,9 @@ def _render(template: str, out_dir: Path, name: str, **values) -> Path:
     out_dir/<name>.yaml and copy the packaged utils.py next to it."""
     files = resources.files(TEMPLATES)
     text = string.Template(files.joinpath(template).read_text(encoding="utf-8"))
-    path = write_text_atomic(out_dir / f"{name}.yaml", text.substitute(**values))
-    with resources.as_file(files.joinpath("utils.py")) as utils:
-        shutil.copyfile(utils, out_dir / "utils.py")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = atomic_write_text(out_dir / f"{name}.yaml", text.substitute(**values))
+    atomic_write_bytes(out_dir / "utils.py", files.joinpath("utils.py").read_bytes())
     return path
 
 
@@ -170,7 +165,8 @@ def export_documents(prepared_dir: str | os.PathLike, path: str | os.PathLike,
         text = tok.decode(ids, clean_up_tokenization_spaces=False)
         num = len(tok(text, add_special_tokens=False, verbose=False)["input_ids"])
         records.append({"text": text, "num_tokens": num})
-    return write_jsonl_atomic(path, records)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_jsonl(path, records, ensure_ascii=False)
 
 
 def write_ppl_task(prepared_dir: str | os.PathLike, out_dir: str | os.PathLike,
@@ -196,10 +192,11 @@ def write_longctx_tasks(task: LongContextTask | str, tokenizer, lengths: Sequenc
     name = name or f"longctx_{task.name}_{task.variant}"
     bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
     out, paths = Path(out_dir), []
+    out.mkdir(parents=True, exist_ok=True)
     for length in lengths:
         examples = task.examples(tokenizer, length, n, seed)
         data = out / f"{name}_{length}.jsonl"
-        write_jsonl_atomic(data, [dict(prompt=bos + ex.prompt, answers=list(ex.answers),
+        atomic_write_jsonl(data, [dict(prompt=bos + ex.prompt, answers=list(ex.answers),
                                        target=ex.target, length=ex.length, index=ex.index,
                                        num_tokens=ex.num_tokens) for ex in examples])
         budget = max(answer_budget(tokenizer, ex) for ex in examples)

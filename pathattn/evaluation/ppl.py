@@ -1,6 +1,7 @@
-"""Perplexity by context length and loss by token position: how well a language model
-uses (and extrapolates to) long contexts, the length-extrapolation curve of the paper's
-language-modelling evaluation (section 4.2).
+"""Perplexity by context length and loss by token position of a model object on held-out
+token streams: how well a language model uses (and extrapolates to) long contexts, the
+length-extrapolation curve of the paper's language-modelling evaluation (section 4.2). The
+model folders that `pathattn eval ppl` checks and loads are `pathattn.evaluation.ppl_models`.
 
 Data: the held-out documents of a prepared folder (`pathattn prepare`, split "val" by
 default), concatenated in stored order. Each stored document already starts with BOS (when
@@ -26,34 +27,22 @@ a length L is then the lm-eval wrapper's token perplexity with max_length L on t
 documents (tested). Documents shorter than L are scored at their own length, so short code
 files say little about long contexts: the window mode is the length-extrapolation metric.
 
-Metrics, per model:
-    loss[L], ppl[L]      mean next-token cross-entropy over every position of every
-                         window of length L, and exp of it
-    position_loss        mean loss at each position 1 .. Lmax over the windows of the
-                         longest length Lmax
-    loss_by_position     position_loss averaged in log-spaced bins (`loss_by_position`):
-                         `bins_per_octave` bins per doubling of the position
+Metrics, per model: loss[L] and ppl[L], the mean next-token cross-entropy over every
+position of every window of length L and exp of it; position_loss, the mean loss at each
+position 1 .. Lmax over the windows of the longest length Lmax; loss_by_position, that
+averaged in log-spaced bins, `bins_per_octave` per doubling of the position.
 
-Memory: the model body runs once per batch of windows; the LM head and the
-cross-entropy then run over chunks of `chunk_size` positions, so the [T, V] logits are
-never held at once (`Scorer`). With pathattn models (whose attention is blockwise, O(T)
-memory) the whole evaluation is linear in the length.
-
-Model folders (checking a saved model and its tokenizer against the data, loading it, and
-`evaluate_models` over several folders, as `pathattn eval ppl` does) live in
-`pathattn.evaluation.ppl_models`; its public names can also be imported from here.
+Memory: the model body runs once per batch of windows, the LM head and the cross-entropy
+over chunks of `chunk_size` positions (`Scorer`), so the [T, V] logits never exist at once;
+with pathattn models (blockwise attention) the evaluation is linear in the length.
 """
-
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -61,37 +50,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-if TYPE_CHECKING:  # for type checkers and linters; at run time see __getattr__ below
-    from .ppl_models import (
-        ModelFolder,
-        check_model_folder,
-        evaluate_models,
-        load_model,
-        train_length,
-    )
+from ..utils import DTYPES, autocast_context, is_int
 
-__all__ = ["PplError", "Scorer", "ModelFolder", "evaluate_ppl", "evaluate_models",
-           "loss_by_position", "token_losses", "held_out_tokens", "check_lengths",
-           "check_enough_tokens", "num_windows", "check_model_folder", "load_model",
-           "train_length", "document_windows", "held_out_documents", "evaluate_documents",
+__all__ = ["PplError", "Scorer", "evaluate_ppl", "loss_by_position", "token_losses",
+           "open_split", "held_out_tokens", "check_lengths", "check_enough_tokens",
+           "num_windows", "document_windows", "held_out_documents", "evaluate_documents",
            "DEFAULT_LENGTHS", "DEFAULT_CHUNK_SIZE", "DTYPES"]
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
 DEFAULT_CHUNK_SIZE = 512  # tokens per LM-head chunk: 512 x V float32 logits at a time
-DTYPES = ("float32", "bfloat16")
-
-# The model-folder names in __all__ live in .ppl_models, which imports this module, so they
-# are imported on first access (PEP 562) rather than at the top: no circular import.
-_MODEL_FOLDER_NAMES = frozenset({"ModelFolder", "evaluate_models", "check_model_folder",
-                                 "load_model", "train_length"})
-
-
-def __getattr__(name: str):
-    if name in _MODEL_FOLDER_NAMES:
-        from . import ppl_models
-
-        return getattr(ppl_models, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class PplError(ValueError):
@@ -105,15 +72,11 @@ class PplError(ValueError):
 
 # ---------------------------------------------------------------------- checking
 
-def _is_int(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
-
-
 def check_lengths(lengths: Sequence[int]) -> list[int]:
     """The distinct lengths, ascending; PplError("lengths") unless positive ints."""
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) or not lengths:
         raise PplError("lengths", f"must be a non-empty list of positive ints, got {lengths!r}")
-    bad = [length for length in lengths if not _is_int(length) or length < 1]
+    bad = [length for length in lengths if not is_int(length) or length < 1]
     if bad:
         raise PplError("lengths", f"must be positive ints, got {bad}")
     return sorted({int(length) for length in lengths})
@@ -133,14 +96,15 @@ def check_enough_tokens(num_tokens: int, lengths: Sequence[int], where: str = ""
                        f"the longest usable length is {max(num_tokens - 1, 0)}")
 
 
-def _open_split(data: str | os.PathLike, split: str, max_docs: int | None):
-    """(TokenDataset of the split, documents used); PplError as `held_out_tokens`."""
+def open_split(data: str | os.PathLike, split: str = "val", max_docs: int | None = None):
+    """(the `TokenDataset` of a prepared folder's split, the number of its documents used:
+    max_docs or all); PplError as `held_out_tokens`."""
     from ..data import DataError, TokenDataset
     from ..data.prepare import SPLITS
 
     if split not in SPLITS:
         raise PplError("split", f"must be one of {SPLITS}, got {split!r}")
-    if max_docs is not None and (not _is_int(max_docs) or max_docs < 1):
+    if max_docs is not None and (not is_int(max_docs) or max_docs < 1):
         raise PplError("max_docs", f"must be a positive int, got {max_docs!r}")
     if not Path(data).is_dir():
         raise PplError("data", f"{str(data)!r} is not a folder (make one with `pathattn "
@@ -161,7 +125,7 @@ def held_out_tokens(data: str | os.PathLike, split: str = "val",
     `max_docs` documents (all when None), a read-only view [N] of uint16 / uint32 ids.
     PplError("data" / "split" / "max_docs") for a folder that is not a prepared one, an
     unknown or empty split, or a max_docs that is not a positive int."""
-    dataset, docs = _open_split(data, split, max_docs)
+    dataset, docs = open_split(data, split, max_docs)
     return dataset.tokens[:dataset.offsets[docs]]
 
 
@@ -172,7 +136,7 @@ def held_out_documents(data: str | os.PathLike, split: str = "val",
     view [n] of its stored ids without the leading BOS and the trailing EOS, and the prefix
     token that starts every document's first window (BOS, or EOS without one).
     PplError as `held_out_tokens`."""
-    dataset, docs = _open_split(data, split, max_docs)
+    dataset, docs = open_split(data, split, max_docs)
     bos, eos = dataset.bos_id, dataset.eos_id
     documents = []
     for d in range(docs):
@@ -239,7 +203,7 @@ class Scorer:
            probe_ids: torch.Tensor | None = None) -> Scorer:
         """The scorer of `model` (class docstring); probe_ids int [1, T] (default 16 ids
         below the vocabulary size) checks the split."""
-        if chunk_size is not None and (not _is_int(chunk_size) or chunk_size < 1):
+        if chunk_size is not None and (not is_int(chunk_size) or chunk_size < 1):
             raise PplError("chunk_size", f"must be None or a positive int, got {chunk_size!r}")
         body, head = getattr(model, "base_model", model), model.get_output_embeddings()
         if body is model or head is None:
@@ -295,10 +259,6 @@ def _ids(tokens: np.ndarray) -> torch.Tensor:
 def _autocast(dtype: str, device: torch.device):
     if dtype not in DTYPES:
         raise PplError("dtype", f"must be one of {DTYPES}, got {dtype!r}")
-    if dtype == "float32":
-        return nullcontext()
-    from ..train.evaluate import autocast_context
-
     return autocast_context(dtype, device)
 
 
@@ -327,7 +287,7 @@ def evaluate_ppl(model: nn.Module, tokens, lengths: Sequence[int] = DEFAULT_LENG
     windows of Lmax), "loss_by_position": the bins of it (`loss_by_position`)}.
     """
     lengths = check_lengths(lengths)
-    if not _is_int(batch_size) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise PplError("batch_size", f"must be a positive int, got {batch_size!r}")
     device = next(model.parameters()).device
     _autocast(dtype, device)  # checks dtype
@@ -377,7 +337,7 @@ def document_windows(num_tokens: int, max_length: int) -> list[tuple[int, int]]:
     on; each later one the next min(max_length, rest) tokens with max_length inputs, so
     every token is scored exactly once and every window has min(max_length, num_tokens)
     inputs. No window for an empty document."""
-    if not _is_int(max_length) or max_length < 1:
+    if not is_int(max_length) or max_length < 1:
         raise PplError("lengths", f"must be positive ints, got {max_length!r}")
     if num_tokens < 1:
         return []
@@ -415,7 +375,7 @@ def evaluate_documents(model: nn.Module, documents: Sequence, prefix_id: int,
     windows of the longest L).
     """
     lengths = check_lengths(lengths)
-    if not _is_int(batch_size) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise PplError("batch_size", f"must be a positive int, got {batch_size!r}")
     device = next(model.parameters()).device
     _autocast(dtype, device)  # checks dtype
@@ -475,7 +435,7 @@ def loss_by_position(position_loss, bins_per_octave: int = 4) -> list[dict]:
     single positions at the start and `bins_per_octave` per doubling further on. Returns
     [{"start", "end" (1-based positions, end exclusive), "center" (geometric mean of the
     bin's first and last position), "loss"}], in order."""
-    if not _is_int(bins_per_octave) or bins_per_octave < 1:
+    if not is_int(bins_per_octave) or bins_per_octave < 1:
         raise PplError("bins_per_octave", f"must be a positive int, got {bins_per_octave!r}")
     values = np.asarray(position_loss, dtype=np.float64)  # [L]
     L = len(values)

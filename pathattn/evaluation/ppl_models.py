@@ -30,13 +30,11 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
+from ..utils import DTYPES, is_int
 from .ppl import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_LENGTHS,
-    DTYPES,
     PplError,
-    _is_int,
-    _open_split,
     check_enough_tokens,
     check_lengths,
     document_windows,
@@ -44,6 +42,7 @@ from .ppl import (
     evaluate_ppl,
     held_out_documents,
     num_windows,
+    open_split,
 )
 
 __all__ = ["ModelFolder", "evaluate_models", "check_model_folder", "load_model",
@@ -82,11 +81,11 @@ def train_length(path: str | os.PathLike, config=None) -> tuple[int | None, str 
             seq_len = json.loads(run_config.read_text()).get("seq_len")
         except (OSError, ValueError, AttributeError):
             seq_len = None
-        if _is_int(seq_len) and seq_len > 0:
+        if is_int(seq_len) and seq_len > 0:
             return int(seq_len), f"{run_config} seq_len"
     for attr in ("max_position_embeddings", "n_positions"):
         value = getattr(config, attr, None)
-        if _is_int(value) and value > 0:
+        if is_int(value) and value > 0:
             return int(value), f"config.json {attr}"
     return None, None
 
@@ -214,7 +213,7 @@ def evaluate_models(model_dirs: Sequence[str | os.PathLike], data: str | os.Path
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as e:
         raise PplError("device", f"{device}: not usable here ({e})") from None
-    dataset, documents = _open_split(data, split, max_docs)
+    dataset, documents = open_split(data, split, max_docs)
     stream, meta = dataset.tokens[:dataset.offsets[documents]], dataset.meta
     if per_document:
         docs, prefix_id = held_out_documents(data, split, max_docs)

@@ -97,7 +97,7 @@ def attention_type_names() -> tuple[str, ...]:
 class AttentionTypeNames(Sequence):
     """A read-only, always current view of the registered names: behaves as the tuple
     `attention_type_names()` (`in`, iteration, indexing, len, ==, repr), so it serves
-    directly as argparse `choices`."""
+    directly as the `choices` of a command-line flag."""
 
     def __getitem__(self, index):
         return attention_type_names()[index]

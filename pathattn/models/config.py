@@ -1,30 +1,22 @@
 """`ModelConfig`: the one dataclass that describes a decoder-only language model of
-`pathattn.models`, with named presets.
+`pathattn.models`, with named presets (`PRESETS`).
 
-Field names follow Hugging Face's (LLaMA-style) configs so that an HF `PretrainedConfig`
-can later be a thin adapter over this dataclass (`to_dict` / `from_dict`). The attention
-layer of every block is chosen by `attn_type`, a name of the attention-type registry
-(`pathattn.models.attention_types`, where new types register):
-
-    "path"      PaTHAttention (paper section 2.2)
-    "path_fox"  PaTHAttention with forget gates (PaTH-FoX, section 2.2)
-    "rope"      RoPEAttention (section 2.1 baseline)
-    "fox"       FoXAttention (Forgetting Transformer baseline)
-    "sba"       SBAttention (stick-breaking attention baseline)
-
-`w_rank`, `conv_size` and `beta_max` are read by the PaTH types only, `rope_theta` by
-"rope" only; `qk_norm`, `qkv_bias` and `o_bias` by all of them (the biases default to off,
-LLaMA's layout; Qwen2-style models converted by `pathattn.convert` set `qkv_bias`).
+Field names follow Hugging Face's (LLaMA-style) configs, so the HF `PretrainedConfig` is a
+thin adapter over this dataclass (`to_dict` / `from_dict`). Every block's attention layer
+is the registered attention type `attn_type` names (`pathattn.models.attention_types`,
+which lists them and where new types register). `w_rank`, `conv_size` and `beta_max` are
+read by the PaTH types only, `rope_theta` by "rope" only; `qk_norm`, `qkv_bias` and
+`o_bias` by all of them (the biases default to off, LLaMA's layout).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops.backends import check_backend_name
+from ..ops.path.backends import check_backend_name
+from ..utils import is_int, is_real
 from .attention_types import ATTN_TYPES, get_attention_type
 
 __all__ = ["ModelConfig", "PRESETS", "ATTN_TYPES"]
@@ -62,14 +54,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _is_int(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
-
-
-def _is_real(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Real)
-
-
 @dataclass
 class ModelConfig:
     """Decoder-only LM hyper-parameters (HF names). Validated on construction and by
@@ -83,25 +67,19 @@ class ModelConfig:
         num_attention_heads: HQ query heads.
         num_key_value_heads: H key/value heads (None = HQ, multi-head; HQ % H == 0).
         head_dim: D (None = hidden_size // num_attention_heads; must be even for "rope").
-        max_position_embeddings: the longest sequence the model is meant for. Informational
-            (HF compatibility): no layer has a position table, so it is not enforced.
-        rms_norm_eps: epsilon of the RMSNorms (block norms, final norm, QK norm).
-        tie_word_embeddings: the LM head shares the token embedding's weight.
-        attn_type: a registered attention type, `ATTN_TYPES` (module docstring).
-        w_rank: rank of PaTH's w projection; None or 0 = one full-rank Linear.
-        conv_size: kernel size of PaTH's short convolution on w (paper: 3).
+        max_position_embeddings: informational (HF compatibility), not enforced.
+        rms_norm_eps: epsilon of every RMSNorm; tie_word_embeddings: LM head = embedding.
+        attn_type: a registered attention type (`ATTN_TYPES`).
+        w_rank, conv_size: rank of PaTH's w projection (None or 0: full rank), kernel size
+            of its short convolution (paper: 3).
         qk_norm: per-head RMSNorm of q and k.
         beta_max: PaTH's beta = beta_max * sigmoid(.), in (0, 2]; use < 2 for bf16.
         rope_theta: RoPE base ("rope").
         initializer_range: std of the normal init of linear and embedding weights.
-        qkv_bias: biases on the q, k and v projections (Qwen2; LLaMA's attention_bias).
-        o_bias: a bias on the output projection (LLaMA's attention_bias).
-        backend: the PaTH op's backend ("auto", "cpu", "torch", "triton";
-            `pathattn.ops.backends`); read by the PaTH types. Every backend computes the
-            same function (up to rounding), so weights move freely between them.
+        qkv_bias, o_bias: biases on the q, k, v and on the output projections.
+        backend: the PaTH op's backend ("auto" or a registered name).
         num_reflections: R >= 1 Householder reflections per token and key/value head in
-            the PaTH types (H_t = H_{t,1} ... H_{t,R}; `pathattn.nn.PaTHAttention`); 1 is
-            the paper's PaTH. R > 1 runs on the "cpu" and "torch" backends.
+            the PaTH types (1: the paper's PaTH).
     """
 
     vocab_size: int = 32000
@@ -137,19 +115,19 @@ class ModelConfig:
                      "num_attention_heads", "max_position_embeddings", "conv_size",
                      "num_reflections"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         for name in ("num_key_value_heads", "head_dim"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
-        if self.w_rank is not None and (not _is_int(self.w_rank) or self.w_rank < 0):
+        if self.w_rank is not None and (not is_int(self.w_rank) or self.w_rank < 0):
             raise ValueError(f"w_rank must be None or a non-negative int, got {self.w_rank!r}")
         for name in ("rms_norm_eps", "rope_theta", "initializer_range"):
             value = getattr(self, name)
-            if not _is_real(value) or not value > 0:
+            if not is_real(value) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
-        if not _is_real(self.beta_max) or not 0 < self.beta_max <= 2:
+        if not is_real(self.beta_max) or not 0 < self.beta_max <= 2:
             raise ValueError(f"beta_max must be a number in (0, 2], got {self.beta_max!r}")
         for name in ("tie_word_embeddings", "qk_norm", "qkv_bias", "o_bias"):
             if not isinstance(getattr(self, name), bool):

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..nn.norm import RMSNorm
 from ..nn.path_attention import init_forget_gate_bias
-from ..ops.validation import assert_in_graph
+from ..ops.common.validation import assert_in_graph
 from .attention_types import get_attention_type
 from .config import ModelConfig
 

@@ -19,8 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
-from ..ops.stages import expand_kv_heads
-from ..ops.validation import batch_index
+from ..ops.common.heads import expand_kv_heads
+from ..ops.common.validation import batch_index
 from .path_attention import (
     AttentionProjections,
     check_attention_mask,

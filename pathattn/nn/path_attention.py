@@ -1,67 +1,12 @@
 """The PaTH attention layer (paper section 2.2, PaTH-FoX paragraph; inference section 3.4).
 
-For a token x_t [hidden]:
+For a token x_t: q, k, v = W_q x_t, W_k x_t, W_v x_t;
+w_t = L2normalize_per_head(ShortConv(W_w2 W_w1 x_t)); beta_t = beta_max * sigmoid(W_beta x_t
++ b_beta) per key/value head; g_t = logsigmoid(W_f x_t + b_f) per query head (PaTH-FoX);
+y = W_o path_attn(q, k, v, w, beta, g). beta and g are computed in float32 whatever the
+activation dtype. Training (`forward`), prefill and decode are separate methods.
 
-    q_t, k_t, v_t = W_q x_t, W_k x_t, W_v x_t                   split into heads
-    w_t    = L2normalize_per_head(ShortConv_3(W_w2 W_w1 x_t))   low rank -> short conv -> L2
-    beta_t = beta_max * sigmoid(W_beta x_t + b_beta)            one per key/value head
-    g_t    = logsigmoid(W_f x_t + b_f)                          one per query head (PaTH-FoX)
-    o      = path_attn(q, k, v, w, beta, g);  y = W_o o
-
-(footnote of section 2.2: "a low-rank linear layer followed by a short convolution layer
-(filter size 3) and an L2 normalization layer"; beta_t = 2 sigmoid(u^T x_t + b) in (0, 2)).
-
-With `num_reflections` R > 1 every key/value head gets R directions and R strengths per
-token, H_t = H_{t,1} ... H_{t,R}: the w projection produces H * R * D features (each
-direction through the same short convolution, channel by channel, and its own L2
-normalisation) and beta_proj H * R strengths; the op takes w [B, T, H, R, D] and beta
-[B, T, H, R]. R = 1 is the layer above, with the same parameters and state_dict.
-
-Choices the paper leaves open, documented here:
-
-* no activation after the short convolution (the paper names none; fla's reference code
-  applies SiLU), see `short_conv.py`;
-* beta_max (default 2) caps beta below 2 when set lower: the paper's Limitations section
-  reports that bf16 rounding of beta near 2 can give eigenvalues above 1 and divergence, so
-  use e.g. beta_max = 1.99 (or lower) when training in bf16;
-* the forget-gate bias starts at U(1, 5): f = sigmoid(b) in (0.73, 0.993), so the gates
-  start near 1 (little forgetting) with per-head spread (a decay over ~4 to ~150 tokens);
-* optional QK RMSNorm is per head (one learnable weight [D] for q, one for k, shared by the
-  heads), applied to q and k before path_attn in all three paths.
-
-Precision (the same in all three paths, whatever the activation dtype or autocast):
-
-* beta, its cap and the forget gates g are computed in float32 (float64 for a float64
-  layer), outside autocast, from a float32 copy of x and of their projection's weights,
-  and handed to the op in float32 (the op takes beta and g in any float dtype and computes
-  in float32). In bf16, 1.999 * sigmoid(.) rounds to exactly 2.0, the singular transform
-  the cap is there to avoid, and a gate logsigmoid(5) = -0.0067 is off by ~1e-5, an
-  error the gate sums G_i accumulate. The cost: for 16-bit x, autograd keeps that float32
-  copy of x [B, T, hidden] (one, shared by the two projections).
-* The cap is strict: beta = min(beta_max * sigmoid(z), beta_max^-), beta_max^- the largest
-  float32 below float32(beta_max), hence below beta_max itself. A float32 sigmoid is exactly
-  1 from z ~ 17 on (and beta_max * s rounds up to beta_max for s just below 1), so the
-  product alone reaches beta_max; the clamp is a comparison, exact, and binds only where
-  sigmoid'(z) < 1e-6, so the gradient it removes is already negligible.
-* w is L2-normalised in float32. The op needs w in q's dtype, so for bf16 / fp16 the unit
-  vector is rounded toward zero (|w_i| never grows, so |w| <= 1 holds after the rounding;
-  round-to-nearest can lengthen it by ~2^-8, and beta |w|^2 may then exceed 2 for beta
-  near 2). Its gradient is that of a plain cast.
-* The op runs outside autocast: it picks its precision (float32 accumulation) from its
-  input dtypes, and under CPU autocast its PyTorch path would otherwise run solves in bf16.
-
-Inputs: x must have the dtype of the layer's weights (a ValueError names both otherwise;
-a silent cast would hide a model left in the wrong dtype), except under torch.autocast,
-whose casting rules then apply. T = 0 is allowed: forward and prefill return [B, 0, hidden]
-(prefill with an empty cache), and decode of m = 0 tokens returns [B, 0, hidden] and leaves
-the cache unchanged.
-
-The three paths are separate methods, each simple to read: `forward` (training, optionally packed
-with cu_seqlens), `prefill` (prompt -> output and `LayerCache`) and `decode` (m new tokens,
-in place on the cache). A decode step is latency bound, so it computes the same inputs with
-fewer calls: one product for all input projections (`step_inputs`, with the weights stacked
-once per cache, `FusedProjection`), the short convolution as a multiply-and-sum over the
-window (`ShortConv.step`) and the beta cap as a number.
+Choices the paper leaves open, precision and the decode path: docs/layers.md.
 """
 
 from __future__ import annotations
@@ -76,9 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
-from ..ops.backends import check_backend_name
-from ..ops.inference import check_attention_mask as check_op_attention_mask
-from ..ops.validation import check_cu_seqlens
+from ..ops.common.padding import check_attention_mask as check_op_attention_mask
+from ..ops.common.validation import check_cu_seqlens
+from ..ops.path.backends import check_backend_name
 from .fused_projection import FusedProjection
 from .norm import RMSNorm
 from .short_conv import ShortConv
@@ -303,7 +248,7 @@ class WholeSequence:
     """How a PaTH layer meets its sequence, the seam `PaTHAttention.sequence`: this default
     holds every token of each sequence in this process. An object with the same two methods
     changes where the tokens are without touching the layer: context parallelism
-    (`pathattn.distributed.context_parallel`) installs one whose short convolution reads
+    (`pathattn.ops.path.cp.attention`) installs one whose short convolution reads
     the previous shard's last tokens and whose attention is the ring op."""
 
     def short_conv(self, conv: ShortConv, u: torch.Tensor,
@@ -321,38 +266,30 @@ WHOLE_SEQUENCE = WholeSequence()
 
 
 class PaTHAttention(AttentionProjections):
-    """PaTH (or PaTH-FoX) attention layer; see the module docstring for the equations.
+    """PaTH (or PaTH-FoX) attention layer (equations in the module docstring).
 
     Args:
         hidden_size: model width.
         num_heads: HQ query heads.
-        num_kv_heads: H key/value heads (default HQ; HQ must be a multiple: GQA / MQA).
+        num_kv_heads: H key/value heads (default HQ; HQ must be a multiple: GQA / MQA);
             w and beta are per key/value head, forget gates per query head.
         head_dim: D (default hidden_size // num_heads).
-        w_rank: rank of the w projection Linear(hidden, rank) -> Linear(rank, H*R*D); None
-            or 0 for one full-rank Linear(hidden, H*R*D) (R = num_reflections).
+        w_rank: rank of the w projection (None or 0: one full-rank Linear).
         conv_size: kernel size K of the short causal conv on w (paper: 3).
         use_forget_gate: PaTH-FoX forget gates g = logsigmoid(Linear(hidden, HQ)(x)).
         qk_norm: per-head RMSNorm of q and k.
-        beta_max: beta = beta_max * sigmoid(.), in [0, beta_max) strictly (float32, see
-            the module docstring); must lie in (0, 2]. Use a value below 2 (e.g. 1.99) for
-            bf16 training (paper, Limitations).
-        bias: bias of the q, k, v, o projections.
+        beta_max: beta = beta_max * sigmoid(.) in [0, beta_max) strictly; in (0, 2]. Use
+            e.g. 1.99 for bf16 training (docs/layers.md).
+        bias, o_bias: biases of the q, k, v and of the o projections (o_bias None: bias).
         norm_eps: epsilon of the QK RMSNorm.
-        o_bias: bias of the o projection (None = same as bias).
-        backend: the op's backend in every path, "auto" or a registered name
-            (`pathattn.ops.backends`).
-        num_reflections: R >= 1 Householder reflections per token and key/value head
-            (module docstring); R > 1 needs a backend that takes several
-            (`Backend.reflections`; "auto" picks one).
+        backend: the op's backend in every path, "auto" or a registered name.
+        num_reflections: R >= 1 Householder reflections per token and key/value head.
 
-    x is [B, T, hidden_size] in the weights' dtype (any float dtype under torch.autocast);
-    the outputs have x's dtype (autocast's dtype under autocast). T = 0 gives an empty
-    output.
+    x is [B, T, hidden_size] in the weights' dtype (any float dtype under torch.autocast;
+    ValueError otherwise); outputs have x's dtype. T = 0 gives an empty output.
 
-    `sequence` (default `WHOLE_SEQUENCE`) is the seam through which the training path runs
-    its short convolution and attention (`WholeSequence`): parallelism replaces it, the
-    layer's code stays as it is.
+    `sequence` (`WholeSequence`) is the seam through which training runs its short
+    convolution and attention: parallelism replaces it, the layer's code stays as it is.
     """
 
     sequence: WholeSequence = WHOLE_SEQUENCE

@@ -1,9 +1,15 @@
-"""PaTH attention ops: references, blockwise PyTorch implementation, public functions."""
+"""Attention ops, one folder per op over a shared floor: `path` (PaTH / PaTH-FoX),
+`sba` (stick-breaking attention), `common` (layouts, checks, head helpers both use)."""
 
-from .cache import PaTHCache
-from .inference import path_attn_prefill, path_attn_step
-from .path_attn import path_attn, path_attn_with_keys
-from .reference import path_attn_full_matrix, path_attn_naive
+from .path import (
+    PaTHCache,
+    path_attn,
+    path_attn_full_matrix,
+    path_attn_naive,
+    path_attn_prefill,
+    path_attn_step,
+    path_attn_with_keys,
+)
 from .sba import sb_attn
 
 __all__ = ["path_attn", "path_attn_with_keys", "path_attn_prefill", "path_attn_step",

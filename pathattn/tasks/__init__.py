@@ -4,7 +4,7 @@ endless, seeded iterable of (tokens, targets) batches, LongTensor [B, T] each, w
 `vocab` mapping ids <-> strings; `IGNORE_INDEX` marks unscored targets.
 
 Each task declares its options, splits and metrics once, in a `TaskSpec` next to its code,
-registered here (`register_task`); the command line, `TrainConfig` and the evaluation read
+registered here (`register_task`); the command line, `SyntheticConfig` and the evaluation read
 the registry (`get_task`). `TASKS` is the registered names, in registration order."""
 
 from .export import IGNORE_INDEX, Vocab, make_generator, to_records, write_jsonl

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..utils.io import atomic_open
+
 IGNORE_INDEX = -100
 
 
@@ -64,9 +66,10 @@ def to_records(tokens: torch.Tensor, targets: torch.Tensor, vocab: Vocab) -> lis
 def write_jsonl(task: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab: Vocab, n: int,
                 path: str | Path) -> int:
     """Write the first `n` sequences of `task` (an iterable of (tokens, targets) batches,
-    each LongTensor [B, T]) to `path`, one JSON object per line. Returns the count written."""
+    each LongTensor [B, T]) to `path`, one JSON object per line, atomically and durably
+    (`pathattn.utils.io`). Returns the count written."""
     written = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w", encoding="utf-8") as f:
         for tokens, targets in task:
             if written >= n:
                 break

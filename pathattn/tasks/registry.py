@@ -1,6 +1,6 @@
 """The task registry: one `TaskSpec` per synthetic task declares what the rest of pathattn
 needs to know about it, and the command line (`pathattn data`, `train`, `compare`,
-`layers`), `TrainConfig`, its data streams and the evaluation ask the registry:
+`layers`), `SyntheticConfig`, its data streams and the evaluation ask the registry:
 
     options     the task's options (name, type, default, choices, help): the command-line
                 flags and the config validation are made from them
@@ -49,7 +49,7 @@ RESERVED = ("split", "seed", "batch_size")
 class TaskOption:
     """One option of a task.
 
-    name: the keyword of the task's config function, the `TrainConfig` option and the
+    name: the keyword of the task's config function, the `SyntheticConfig` option and the
         command-line flag (`--n-back` for "n_back").
     type: int (a positive int) or str.
     default: the value when the option is not given (None).
@@ -89,7 +89,7 @@ class TaskOption:
 class TaskSpec:
     """Everything pathattn knows about one task (module docstring).
 
-    name: the task's name on the command line and in `TrainConfig.task`.
+    name: the task's name on the command line and in `SyntheticConfig.task`.
     config: config(split=..., seed=..., [batch_size=...], **options) -> the task's config
         dataclass, with every option of `options` given; batch_size left out means the
         config's own default (what `pathattn data` draws with).

@@ -13,12 +13,11 @@ folder holding the weights and the optimizer state, each rank its shards) in pla
 weights file, and a state file without "optimizer" (`pathattn.train.sharded_checkpoint`);
 everything below applies to both kinds.
 
-Every file is written atomically (temp file `.<name>.<random>.tmp` in the same directory,
-fsync, `os.replace`, fsync of the directory), with the ordinary permissions of a new file
-(0666 & ~umask, like the logs; `tempfile.mkstemp` would give 0600). `latest.json` is
-replaced only after both files of the new step are on disk, and older checkpoints are
-deleted only after that, so a kill at any point leaves a complete, loadable checkpoint (the
-new one or the previous one).
+Every file is written atomically and durably (`pathattn.utils.io`: a temp file next to
+it, fsync, rename, fsync of the folder), with the ordinary permissions of a new file.
+`latest.json` is replaced only after both files of the new step are on disk, and older
+checkpoints are deleted only after that, so a kill at any point leaves a complete, loadable
+checkpoint (the new one or the previous one).
 
 Keeping: the last `keep` checkpoints (default 2) stay on disk, so that a damaged latest one
 (truncated or empty weights, missing or truncated state, corrupt latest.json) is not the
@@ -41,7 +40,6 @@ import io
 import json
 import os
 import re
-import secrets
 import shutil
 import warnings
 from collections.abc import Iterable
@@ -53,9 +51,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-__all__ = ["atomic_write_bytes", "save_checkpoint", "load_checkpoint", "latest_step",
-           "checkpoint_dir", "CheckpointError", "CheckpointWarning", "KEEP",
-           "remove_checkpoints", "remove_temp_files", "discard_after"]
+from ..utils.io import atomic_write_bytes, atomic_write_json, remove_file, remove_temp_files
+
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_step", "checkpoint_dir",
+           "CheckpointError", "CheckpointWarning", "KEEP", "remove_checkpoints",
+           "discard_after"]
 
 LATEST = "latest.json"
 KEEP = 2
@@ -63,13 +63,6 @@ _MODEL_RE = re.compile(r"model_(\d{8})\.safetensors")
 _STATE_RE = re.compile(r"state_(\d{8})\.pt")
 _SHARDED_RE = re.compile(r"sharded_(\d{8})")
 _PARTIAL_RE = re.compile(r"\.sharded_(\d{8})\.partial")
-# `.<name>.<suffix>.tmp`: ours (8 hex digits) and tempfile.mkstemp's (8 of [a-z0-9_])
-_TEMP_RE = re.compile(r"\.(.+)\.[A-Za-z0-9_]{8}\.tmp")
-
-# File-system calls of the write path, looked up at call time so that tests can make any
-# one of them fail or stop the "process" there (tests/faults/test_checkpoint_faults.py).
-_open, _write, _fsync, _close, _replace, _unlink = (os.open, os.write, os.fsync, os.close,
-                                                    os.replace, os.unlink)
 
 
 class CheckpointError(ValueError):
@@ -107,83 +100,20 @@ def write_latest(ckdir: Path, step: int, sharded: bool = False) -> None:
     """Point latest.json at the checkpoint of `step` (atomically)."""
     latest = {"step": step, "model": sharded_name(step) if sharded else model_name(step),
               "state": state_name(step)}
-    atomic_write_bytes(ckdir / LATEST, (json.dumps(latest) + "\n").encode())
+    atomic_write_json(ckdir / LATEST, latest)
 
 
-# --------------------------------------------------------------------- atomic writes
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = _open(path, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory fds
-        return
-    try:
-        _fsync(fd)
-    except OSError:
-        pass
-    finally:
-        _close(fd)
-
-
-def _create_temp(path: Path) -> tuple[int, Path]:
-    """A new, empty temp file next to `path`, opened for writing. Mode 0666 goes through the
-    umask (unlike mkstemp's 0600), so the final file has the same permissions as any other
-    file the run writes; O_EXCL makes the random name ours alone."""
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            return _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:
-            continue
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` atomically: a temp file in the same directory, written,
-    fsynced and closed, then `os.replace`d over `path`. On an exception the temp file is
-    removed and `path` keeps its previous content; a process killed in between leaves at
-    most the temp file (`remove_temp_files` clears it)."""
-    path = Path(path)
-    fd, tmp = _create_temp(path)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[_write(fd, view):]
-            _fsync(fd)
-        finally:
-            _close(fd)
-        _replace(tmp, path)
-    except BaseException:
-        try:
-            _unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def remove_temp_files(folder: str | os.PathLike, names: Iterable[str] | None = None) -> list[str]:
-    """Delete the temp files that an interrupted `atomic_write_bytes` left in `folder`: those
-    of a file in `names`, or (names None) of a checkpoint file or latest.json. Returns the
-    names deleted. Only names of that exact form are touched."""
-    folder = Path(folder)
-    wanted = set(names) if names is not None else None
-    removed = []
-    for name in _listdir(folder):
-        m = _TEMP_RE.fullmatch(name)
-        if m is None:
-            continue
-        target = m.group(1)
-        ours = (target in wanted if wanted is not None else
-                target == LATEST or _MODEL_RE.fullmatch(target) or _STATE_RE.fullmatch(target))
-        if ours:
-            _unlink(folder / name)
+def _remove_leftovers(ckdir: str | os.PathLike) -> list[str]:
+    """Delete what interrupted saves left in the checkpoints folder `ckdir`: temp files of
+    checkpoint files and latest.json, and folders of unfinished sharded saves. Returns the
+    names deleted. Only names of those exact forms are touched."""
+    ckdir = Path(ckdir)
+    removed = remove_temp_files(ckdir, lambda target: bool(
+        target == LATEST or _MODEL_RE.fullmatch(target) or _STATE_RE.fullmatch(target)))
+    for name in _listdir(ckdir):
+        if _PARTIAL_RE.fullmatch(name):
+            remove_tree(ckdir / name)
             removed.append(name)
-    if names is None:  # folders of an interrupted sharded save
-        for name in _listdir(folder):
-            if _PARTIAL_RE.fullmatch(name):
-                remove_tree(folder / name)
-                removed.append(name)
     return removed
 
 
@@ -265,17 +195,14 @@ def _steps_on_disk(ckdir: Path) -> set[int]:
 def _delete_steps(ckdir: Path, steps: Iterable[int]) -> None:
     for step in steps:
         for name in (model_name(step), state_name(step)):
-            try:
-                _unlink(ckdir / name)
-            except FileNotFoundError:
-                pass
+            remove_file(ckdir / name)
         remove_tree(ckdir / sharded_name(step))
 
 
 def remove_tree(path: Path) -> None:
     """Delete a checkpoint folder (a symlink in its place is unlinked, never followed)."""
     if path.is_symlink():
-        _unlink(path)
+        remove_file(path)
     elif path.is_dir():
         shutil.rmtree(path)
 
@@ -284,11 +211,8 @@ def remove_checkpoints(out_dir: str | os.PathLike) -> None:
     """Delete every checkpoint of out_dir (files of the checkpoint pattern, latest.json and
     temp leftovers; nothing else) and the checkpoints folder when that leaves it empty."""
     ckdir = checkpoint_dir(out_dir)
-    remove_temp_files(ckdir)
-    try:
-        _unlink(ckdir / LATEST)
-    except FileNotFoundError:
-        pass
+    _remove_leftovers(ckdir)
+    remove_file(ckdir / LATEST)
     _delete_steps(ckdir, _steps_on_disk(ckdir))
     try:
         ckdir.rmdir()
@@ -301,7 +225,7 @@ def discard_after(out_dir: str | os.PathLike, step: int) -> None:
     and the files of later steps (an interrupted save, or a damaged checkpoint that was
     skipped), and point latest.json at `step` when it names anything else."""
     ckdir = checkpoint_dir(out_dir)
-    remove_temp_files(ckdir)
+    _remove_leftovers(ckdir)
     _delete_steps(ckdir, [s for s in _steps_on_disk(ckdir) if s > step])
     try:
         current = _read_latest(ckdir)

@@ -1,4 +1,4 @@
-"""Compare attention types on one task: the same `TrainConfig` trained once per attention
+"""Compare attention types on one task: the same `SyntheticConfig` trained once per attention
 type and seed, then markdown tables of the final metrics and a PNG of the evaluation error
 against the training step.
 
@@ -33,17 +33,16 @@ results.json (also what `compare` returns; JSON turns the int seeds into strings
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from ..tasks import get_task
-from .checkpoint import atomic_write_bytes, remove_temp_files
-from .config import TrainConfig
+from ..utils.io import atomic_path, atomic_write_json, atomic_write_text, remove_temp_files
 from .run_dir import check_sub_runs, finished_metrics, lock_run_dir, read_jsonl
 from .seeds import check_seeds, seed_dir, seed_label, seeds_on_disk, spread
+from .synthetic import SyntheticConfig
 from .trainer import train_or_reuse
 
 __all__ = ["compare", "earlier_seeds", "error_series", "markdown_table", "seed_report",
@@ -154,18 +153,19 @@ def _plot(histories: dict[str, dict[int, list[dict]]], path: Path, task: str) ->
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 
-def _run_config(base: TrainConfig, out: Path, attn: str, seed: int) -> TrainConfig:
+def _run_config(base: SyntheticConfig, out: Path, attn: str, seed: int) -> SyntheticConfig:
     """The config of the run (attn, seed) of a comparison of `base` in out."""
     return replace(base, attn=attn, seed=seed,
                    out_dir=str(seed_dir(out, attn, seed, base.seed))).validate()
 
 
-def earlier_seeds(base: TrainConfig, attn: str, out: Path, skip: Sequence[int]
-                  ) -> dict[int, tuple[TrainConfig, dict]]:
+def earlier_seeds(base: SyntheticConfig, attn: str, out: Path, skip: Sequence[int]
+                  ) -> dict[int, tuple[SyntheticConfig, dict]]:
     """{seed: (config, final metrics)} of the finished runs of `base` with attention `attn`
     and a seed not in `skip` already in out (in `seeds.seed_dir`'s folders), ascending."""
     runs = {}
@@ -179,7 +179,7 @@ def earlier_seeds(base: TrainConfig, attn: str, out: Path, skip: Sequence[int]
     return runs
 
 
-def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path, *,
+def compare(base: SyntheticConfig, attns: Sequence[str], out_dir: str | Path, *,
             seeds: Sequence[int] | None = None, resume: bool = False,
             overwrite: bool = False) -> dict[str, dict]:
     """Train `base` once per attention type in `attns` and seed in `seeds` (default
@@ -209,8 +209,7 @@ def compare(base: TrainConfig, attns: Sequence[str], out_dir: str | Path, *,
                 final[a][s] = metrics
                 histories[a][s] = read_jsonl(Path(cfg.out_dir) / "eval.jsonl")
         report = seed_report(final, base.task)
-        atomic_write_bytes(out / "results.md", results_markdown(report, base.task).encode())
-        atomic_write_bytes(out / "results.json",
-                           (json.dumps(report, indent=2) + "\n").encode())
+        atomic_write_text(out / "results.md", results_markdown(report, base.task))
+        atomic_write_json(out / "results.json", report, indent=2)
         _plot(histories, out / "error_vs_step.png", base.task)
     return report

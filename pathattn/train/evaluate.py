@@ -19,23 +19,16 @@ uses `cfg.final_eval_batches`, a superset).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import torch
 
 from ..models import PaTHLM
 from ..tasks import get_task
-from .config import TaskStream, TrainConfig
+from ..utils import autocast_context
+from .synthetic import SyntheticConfig, TaskStream
 
-__all__ = ["evaluate", "autocast_context"]
-
-
-def autocast_context(dtype: str, device: torch.device):
-    """autocast to bfloat16 for dtype "bfloat16", otherwise a no-op context."""
-    if dtype == "bfloat16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+__all__ = ["evaluate"]
 
 
 def _batch_counts(pred: torch.Tensor, tokens: torch.Tensor, targets: torch.Tensor,
@@ -50,7 +43,7 @@ def _batch_counts(pred: torch.Tensor, tokens: torch.Tensor, targets: torch.Tenso
 
 
 @torch.no_grad()
-def evaluate(model: PaTHLM, cfg: TrainConfig, device: torch.device | str = "cpu",
+def evaluate(model: PaTHLM, cfg: SyntheticConfig, device: torch.device | str = "cpu",
              batches: int | None = None) -> dict[str, dict[str, float]]:
     """Metrics of `model` on every evaluation split of the task (module docstring), e.g.
     {"val": {"error_rate": ..., "seq_error_rate": ...}, "val_sparse": ..., "val_dense": ...}

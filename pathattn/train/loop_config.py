@@ -1,32 +1,23 @@
 """`LoopConfig`: the fields of the training loop that every workload shares (optimizer,
 schedule, clipping, precision, logging, evaluation, checkpoints), validated in one place.
-The config of each training command (`TrainConfig`, `PretrainConfig`) extends it with the
+The config of each training command (`SyntheticConfig`, `PretrainConfig`) extends it with the
 fields of its workload."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..utils import DTYPES, is_int, is_real
+
 __all__ = ["LoopConfig", "DTYPES"]
-
-DTYPES = ("float32", "bfloat16")
-
-
-def _is_int(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
-
-
-def _is_real(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, numbers.Real)
 
 
 def _is_finite(value) -> bool:
     """A real number other than inf, -inf and NaN (which train to NaN without an error)."""
-    return _is_real(value) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 @dataclass
@@ -76,11 +67,11 @@ class LoopConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in self.POSITIVE_INTS:
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         for name in ("warmup_steps", "seed"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         if not _is_finite(self.lr) or not self.lr > 0:
             raise ValueError(f"lr must be a finite positive number, got {self.lr!r}")
@@ -92,7 +83,7 @@ class LoopConfig:
                                  f"{value!r}")
         for name in ("min_lr_ratio", "warmup_start_ratio"):
             value = getattr(self, name)
-            if not _is_real(value) or not 0 <= value <= 1:
+            if not is_real(value) or not 0 <= value <= 1:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
         if not isinstance(self.out_dir, str) or not self.out_dir:
             raise ValueError(f"out_dir must be a non-empty str, got {self.out_dir!r}")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,8 @@ from ..data import EvalLoader, TokenDataset, TokenLoader, load_tokenizer
 from ..data.loader import MODES
 from ..models import PaTHLM
 from ..models.config import ModelConfig
-from .evaluate import autocast_context
+from ..utils import autocast_context
+from ..utils.io import atomic_dir
 from .loop_config import LoopConfig
 from .workload import Workload, register_workload
 
@@ -240,11 +240,7 @@ def export_hf(model: PaTHLM, cfg: PretrainConfig, out: str | os.PathLike | None 
     ids = {name: getattr(tok, f"{name}_token_id") for name in ("bos", "eos", "pad")}
     hf = PaTHForCausalLM.from_pathlm(model, **{f"{k}_token_id": v for k, v in ids.items()
                                                  if v is not None})
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with atomic_dir(out) as tmp:
+        hf.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     return out

@@ -32,8 +32,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import atomic_write_bytes, remove_checkpoints, remove_temp_files
-from .config import TrainConfig
+from ..utils.io import atomic_write_text, remove_file, remove_temp_files
+from .checkpoint import remove_checkpoints
+from .synthetic import SyntheticConfig
 
 try:
     import fcntl
@@ -158,10 +159,7 @@ def clear_run(folder: str | os.PathLike) -> None:
     folder = Path(folder)
     remove_temp_files(folder, LOG_FILES)
     for name in LOG_FILES:
-        try:
-            os.unlink(folder / name)
-        except FileNotFoundError:
-            pass
+        remove_file(folder / name)
     remove_checkpoints(folder)
 
 
@@ -193,7 +191,7 @@ def prepare_run_dir(folder: str | os.PathLike, *, resume: bool = False,
     return lock
 
 
-def finished_metrics(cfg: TrainConfig) -> dict | None:
+def finished_metrics(cfg: SyntheticConfig) -> dict | None:
     """The metrics of a finished run of exactly cfg (same `run_identity`) in cfg.out_dir,
     else None."""
     out = Path(cfg.out_dir)
@@ -208,7 +206,7 @@ def finished_metrics(cfg: TrainConfig) -> dict | None:
     return metrics
 
 
-def check_sub_runs(cfgs: Iterable[TrainConfig], *, resume: bool = False,
+def check_sub_runs(cfgs: Iterable[SyntheticConfig], *, resume: bool = False,
                    overwrite: bool = False, reuse_finished: bool = False) -> None:
     """Refuse (RunDirError naming every such folder) before anything trains when a run of a
     multi-run command (compare, layers) would start fresh in a folder that holds a run:
@@ -271,7 +269,7 @@ def truncate_jsonl(path: str | os.PathLike, last_step: int) -> None:
     if not path.exists():
         return
     keep = [line for line, record in _jsonl_lines(path) if record["step"] <= last_step]
-    atomic_write_bytes(path, "".join(line + "\n" for line in keep).encode())
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
 def config_for_resume(config_cls, out_dir: str, given: dict, common: dict):

@@ -2,7 +2,7 @@
 `fewest_layers`): which seeds, where each seed's run lives, and how a result spreads over
 the seeds.
 
-A run's seed (`TrainConfig.seed`) draws both the model's initialisation and its data, the
+A run's seed (`SyntheticConfig.seed`) draws both the model's initialisation and its data, the
 evaluation splits included. One seed per configuration says little where training is not
 stable (PaTH's out-of-distribution flip-flop errors differ from seed to seed at a CPU
 budget), so the commands report every seed's value and their median, min and max.

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..utils.io import atomic_write_bytes, move_into_place
 from .checkpoint import (
     CheckpointError,
     CheckpointWarning,
-    atomic_write_bytes,
     candidate_steps,
     checkpoint_dir,
     keep_last,
@@ -79,7 +79,7 @@ def save_sharded_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.
     if main:  # DCP returns once every rank's shards and the metadata are written
         final = ckdir / sharded_name(step)
         remove_tree(final)
-        os.replace(partial, final)
+        move_into_place(partial, final)
         buf = io.BytesIO()
         torch.save({**state, "step": step}, buf)
         atomic_write_bytes(ckdir / state_name(step), buf.getvalue())

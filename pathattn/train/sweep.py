@@ -1,5 +1,5 @@
 """Fewest layers that solve a task (the figure of merit of the paper's word-problem
-experiment): for each attention type (and seed), train the same `TrainConfig` with 1, 2,
+experiment): for each attention type (and seed), train the same `SyntheticConfig` with 1, 2,
 ... layers and stop at the first depth whose final score reaches the threshold.
 
 Score (`solve_score`, declared by each task, `pathattn.tasks.TaskMetrics.solve`): sequence
@@ -35,16 +35,15 @@ continued from their checkpoints) or overwrite (every run trained afresh) is giv
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from ..tasks import get_task
-from .checkpoint import atomic_write_bytes, remove_temp_files
-from .config import TrainConfig
+from ..utils.io import atomic_write_json, atomic_write_text, remove_temp_files
 from .run_dir import check_sub_runs, finished_metrics, lock_run_dir
 from .seeds import check_seeds, seed_dir, seed_label, seeds_on_disk, spread
+from .synthetic import SyntheticConfig
 from .trainer import train_or_reuse
 
 __all__ = ["fewest_layers", "solve_score", "layers_table", "layers_spread_table",
@@ -56,7 +55,7 @@ def solve_score(metrics: dict, task: str) -> float:
     return get_task(task).solve_score(metrics)
 
 
-def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int],
+def fewest_layers(base: SyntheticConfig, attns: Sequence[str], layers: Sequence[int],
                   out_dir: str | Path, threshold: float = 0.9, *,
                   seeds: Sequence[int] | None = None, resume: bool = False,
                   overwrite: bool = False) -> dict[str, dict]:
@@ -91,15 +90,13 @@ def fewest_layers(base: TrainConfig, attns: Sequence[str], layers: Sequence[int]
             per_seed[attn].update(_earlier_sweeps(base, attn, out, depths, threshold, seeds))
         results = {attn: {"seeds": runs, "solved_at": spread(
             {s: r["solved_at"] for s, r in runs.items()})} for attn, runs in per_seed.items()}
-        atomic_write_bytes(out / "layers.json",
-                           (json.dumps(results, indent=2) + "\n").encode())
-        atomic_write_bytes(out / "layers.md",
-                           layers_markdown(results, base, threshold).encode())
+        atomic_write_json(out / "layers.json", results, indent=2)
+        atomic_write_text(out / "layers.md", layers_markdown(results, base, threshold))
     return results
 
 
-def _run_config(base: TrainConfig, out: Path, attn: str, layers: int, seed: int
-                ) -> TrainConfig:
+def _run_config(base: SyntheticConfig, out: Path, attn: str, layers: int, seed: int
+                ) -> SyntheticConfig:
     """The config of the run (attn, layers, seed) of a sweep of `base` in out."""
     return replace(base, attn=attn, layers=layers, seed=seed, out_dir=str(
         seed_dir(out, f"{attn}-L{layers}", seed, base.seed))).validate()
@@ -120,7 +117,7 @@ def _sweep(metrics_at, depths: list[int], threshold: float, task: str) -> dict |
     return {"solved_at": None, "runs": runs}
 
 
-def _earlier_sweeps(base: TrainConfig, attn: str, out: Path, depths: list[int],
+def _earlier_sweeps(base: SyntheticConfig, attn: str, out: Path, depths: list[int],
                     threshold: float, skip: Sequence[int]) -> dict[int, dict]:
     """{seed: {"solved_at", "runs"}} of the complete sweeps on disk (module docstring) of
     `attn` with a seed not in `skip`, ascending; nothing trains."""
@@ -140,7 +137,7 @@ def _fewest(solved_at: float | None, tried: int) -> str:
     return format(solved_at, "g") if solved_at is not None else f"> {tried}"
 
 
-def layers_table(results: dict[str, dict], base: TrainConfig, threshold: float) -> str:
+def layers_table(results: dict[str, dict], base: SyntheticConfig, threshold: float) -> str:
     """Markdown: one row per sweep, {row label: {"solved_at", "runs": {layers: score}}}, the
     score at each depth tried, the fewest solving depth."""
     depths = sorted({n for r in results.values() for n in r["runs"]})
@@ -156,7 +153,7 @@ def layers_table(results: dict[str, dict], base: TrainConfig, threshold: float) 
     return "\n".join(rows) + "\n"
 
 
-def layers_spread_table(results: dict[str, dict], base: TrainConfig,
+def layers_spread_table(results: dict[str, dict], base: SyntheticConfig,
                         threshold: float) -> str:
     """Markdown: one row per attention type, the fewest solving depth of each seed and
     their median, min and max ("> N": not solved with the N layers tried)."""
@@ -174,7 +171,7 @@ def layers_spread_table(results: dict[str, dict], base: TrainConfig,
     return "\n".join(rows) + "\n"
 
 
-def layers_markdown(results: dict[str, dict], base: TrainConfig, threshold: float) -> str:
+def layers_markdown(results: dict[str, dict], base: SyntheticConfig, threshold: float) -> str:
     """layers.md: the scores of every sweep (`layers_table`; rows "attn, seed S" when there
     are several seeds), preceded by the per-seed fewest depths and their median / min /
     max (`layers_spread_table`) when an attention type has more than one seed."""

@@ -1,56 +1,13 @@
 """`Trainer`: the one training loop, for every workload (`pathattn.train.workload`): the
-synthetic tasks of `pathattn.tasks` (`TrainConfig`) and language-model pretraining
-(`PretrainConfig`).
+synthetic tasks of `pathattn.tasks` and language-model pretraining (`PretrainConfig`).
 
-One optimizer step per training step of the workload: forward of each micro-batch
-(autocast for dtype="bfloat16"), the model's loss as the mean over the step's scored
-targets, backward (gradients accumulated over the micro-batches), gradient clipping,
-AdamW with the learning rate of `lr_at`.
-
-The model's contract: forward(**micro_batch) -> (logits or None, loss), with loss the mean
-of a per-token loss over the micro-batch's scored positions (labels != -100): a
-`PaTHLM`'s cross-entropy, a distillation loss (`pathattn.convert.DistillModel`), anything
-of that form. The loop weights each micro-batch's loss by its number of scored positions,
-and under torchrun each rank's loss by its own count
-(`pathattn.distributed.DistributedTraining`: the per-rank sums of loss * count and the
-global count give the global batch's mean), so a step's loss and update are those of the
-mean over every scored position of the step, in one process or on P ranks alike.
-
-Outputs in `cfg.out_dir`:
-
-    log.jsonl      one record per logged step: {"step", "loss", "lr", "grad_norm",
-                   "tokens", "elapsed_s", "tokens_per_s"}; "loss" is that step's batch
-                   loss, "tokens" the input tokens of all steps so far; the wall-clock
-                   fields (`TIMING_FIELDS`) are the only ones a resumed run does not repeat
-    eval.jsonl     one record per evaluation: {"step", <split>: {metric: value}}
-    metrics.json   the final evaluation (cfg.final_eval_batches per split), flat
-                   (`flatten_metrics`): for flip-flop the error rates as fractions under
-                   "val", "val_sparse", "val_dense", the fractions of sequences with an
-                   error under "<split>_seq_error_rate", and the counts "<split>_scored"
-                   (reads) and "<split>_sequences"
-    config.json    the TrainConfig
-    checkpoints/   see `pathattn.train.checkpoint`
-
-Weight decay applies to matrices and convolution kernels only: norm weights, biases and
-embeddings (including a tied LM head, which is the embedding) are not decayed, the usual
-GPT / LLaMA recipe (decaying embeddings pulls rare tokens' vectors to zero).
-
-Exact resume: the checkpoint holds weights, optimizer state, step, the torch RNG state and
-the training stream's generator state and batch count; the learning rate is a function of
-the step. A run resumed from step k gives bit-identical losses for steps k+1.. to an
-uninterrupted run with the same config (same machine and thread count). On resume the logs
-are cut back to the checkpoint (records after step k dropped, and a line cut off by a kill
-mid-append; at k == steps the final evaluation's record too, as it is redone), temp files
-of interrupted writes and checkpoint files of later steps are deleted.
-
-Run folder (`pathattn.train.run_dir`): the Trainer locks cfg.out_dir while it exists (until
-`close()`, the end of a `with` block, or garbage collection; a dead process drops it) and
-refuses a folder that already holds a run unless resume=True or overwrite=True.
-
-Signals (`pathattn.train.signals`): during `train()` a SIGINT or SIGTERM finishes the
-current step, writes a checkpoint and raises `TrainingInterrupted` (exit code 130 / 143 on
-the command line); a second signal acts at once. One that arrives during the final
-evaluation lets it finish: the run is then complete, there is nothing left to resume.
+Each step: forward of each micro-batch (autocast for dtype="bfloat16"), the loss as the
+mean over the step's scored targets (on one process or P ranks alike), backward, gradient
+clipping, AdamW at the learning rate of `lr_at` (no weight decay on norms, biases and
+embeddings). Writes log.jsonl, eval.jsonl, metrics.json, config.json and checkpoints/ in
+`cfg.out_dir`; resumes exactly (bit-identical losses); locks the run folder; finishes the
+step and checkpoints on SIGINT / SIGTERM. Outputs, resume and signals in detail:
+docs/training.md.
 """
 
 from __future__ import annotations
@@ -70,14 +27,14 @@ from tqdm.auto import tqdm
 from ..distributed.data_parallel import DistributedTraining, replica_layout
 from ..models import IGNORE_INDEX
 from ..tasks import flatten_metrics
-from .checkpoint import atomic_write_bytes, discard_after, load_checkpoint, save_checkpoint
-from .checkpoint import remove_temp_files as _remove_temp_files
-from .config import TrainConfig
-from .evaluate import autocast_context
+from ..utils import autocast_context
+from ..utils.io import atomic_write_json, remove_temp_files
+from .checkpoint import discard_after, load_checkpoint, save_checkpoint
 from .loop_config import LoopConfig
 from .run_dir import LOG_FILES, finished_metrics, prepare_run_dir, truncate_jsonl
 from .sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from .signals import StopRequests, TrainingInterrupted
+from .synthetic import SyntheticConfig
 from .workload import build_workload
 
 __all__ = ["Trainer", "lr_at", "param_groups", "train_or_reuse", "open_run", "TrainingInterrupted",
@@ -117,37 +74,29 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 class Trainer:
-    """Training loop (module docstring) of `model` on `train_data`, evaluated by
+    """The training loop (docs/training.md) of `model` on `train_data`, evaluated by
     `evaluator`, as `config` says.
 
     Args:
-        model: the module trained; its forward takes a micro-batch's keyword arguments and
-            returns (logits or None, loss), loss a mean over the scored positions (module
-            docstring; `pathattn.models.PaTHLM`).
-        train_data: an iterator of training steps (each a list of micro-batch dicts, see
-            `pathattn.train.workload`) with `state_dict()`, `load_state_dict(state)` and
-            `batches` (steps drawn so far), for exact resume. Under torchrun, data each
-            rank reads itself is split over the replicas of `replica_layout`.
+        model: forward(**micro_batch) -> (logits or None, loss), loss the mean over the
+            micro-batch's scored positions (labels != -100), as `pathattn.models.PaTHLM`.
+        train_data: an iterator of steps (lists of micro-batch dicts) with `state_dict()`,
+            `load_state_dict(state)` and `batches` (steps drawn), for exact resume.
         evaluator: `evaluator(model, batches) -> {split: {metric: value}}` on `batches`
             batches per split (None: the config's eval_batches).
-        config: the loop's config (`LoopConfig`: TrainConfig, PretrainConfig, ...).
-        resume: continue from config.out_dir's checkpoint (its config must match in every
-            field but `progress`, `out_dir` and `keep_checkpoints`; ValueError otherwise).
+        config: the loop's config (`LoopConfig`: SyntheticConfig, PretrainConfig, ...).
+        resume: continue from config.out_dir's checkpoint (its config must match but for
+            `progress`, `out_dir`, `keep_checkpoints`; ValueError otherwise).
         device: where the model runs (default CPU).
         context_parallel: under torchrun, the number of ranks that share each sequence
             (`pathattn.distributed.DistributedTraining`; data parallelism over the rest).
-        dp: under torchrun, "ddp" (every rank holds the model) or "fsdp" (FSDP2 by the
-            model's plan, `pathattn.distributed.shard_model`: parameters,
-            gradients and optimizer state sharded over the ranks; checkpoints by
-            `torch.distributed.checkpoint`, `pathattn.train.sharded_checkpoint`). Only rank
-            0 writes logs and metrics (and locks the folder).
-        overwrite: start afresh in a folder that holds a run, deleting that run's files
-            (`run_dir.clear_run`); without it such a folder raises RunDirError.
+        dp: under torchrun, "ddp" (every rank holds the model) or "fsdp" (FSDP2, sharded
+            checkpoints). Only rank 0 writes logs and metrics (and locks the folder).
+        overwrite: replace a run the folder holds (without it: RunDirError).
         name: the progress bar's label.
 
-    `Trainer(config, ...)` (a config alone) is short for `Trainer.from_config(config,
-    ...)`: the model, data and evaluation of the workload registered for the config's type
-    (`pathattn.train.workload`).
+    `Trainer(config, ...)` is short for `Trainer.from_config(config, ...)`: the workload
+    registered for the config's type builds model, data and evaluation.
     """
 
     def __init__(self, model: nn.Module | LoopConfig, train_data: Any = None,
@@ -169,7 +118,7 @@ class Trainer:
             name = workload.name if name is None else name
             config = cfg
         if not isinstance(config, LoopConfig):
-            raise ValueError(f"config must be a LoopConfig (TrainConfig, PretrainConfig, ...), "
+            raise ValueError(f"config must be a LoopConfig (SyntheticConfig, PretrainConfig, ...), "
                              f"got {type(config).__name__}")
         if not isinstance(model, nn.Module):
             raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -209,8 +158,7 @@ class Trainer:
             else:
                 self._truncate_logs(0)
             if self.is_main:
-                atomic_write_bytes(self.out_dir / "config.json",
-                                   (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+                atomic_write_json(self.out_dir / "config.json", cfg.to_dict(), indent=2)
         except BaseException:
             self.close()
             raise
@@ -218,7 +166,7 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: LoopConfig, **kwargs) -> Trainer:
         """The Trainer of the workload registered for cfg's type (`pathattn.train.workload`:
-        TrainConfig -> a synthetic task, PretrainConfig -> text pretraining); kwargs as for
+        SyntheticConfig -> a synthetic task, PretrainConfig -> text pretraining); kwargs as for
         the constructor."""
         return cls(cfg, **kwargs)
 
@@ -288,7 +236,7 @@ class Trainer:
         later steps go."""
         if not self.is_main:
             return
-        _remove_temp_files(self.out_dir, LOG_FILES)
+        remove_temp_files(self.out_dir, LOG_FILES)
         truncate_jsonl(self.out_dir / "log.jsonl", step)
         truncate_jsonl(self.out_dir / "eval.jsonl",
                        step - 1 if step == self.cfg.steps else step)
@@ -432,8 +380,7 @@ class Trainer:
             if not self.is_main:
                 return {"step": self.step}
             self._append("eval.jsonl", metrics)
-            atomic_write_bytes(self.out_dir / "metrics.json",
-                               (json.dumps(metrics, indent=2) + "\n").encode())
+            atomic_write_json(self.out_dir / "metrics.json", metrics, indent=2)
         return metrics
 
     def _stop(self, signum: int, saved: bool) -> None:
@@ -444,7 +391,7 @@ class Trainer:
         raise TrainingInterrupted(signum, self.step, self.out_dir)
 
 
-def train_or_reuse(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False,
+def train_or_reuse(cfg: SyntheticConfig, *, resume: bool = False, overwrite: bool = False,
                    reuse_finished: bool = False) -> dict[str, Any]:
     """The final metrics of the run of `cfg`, for commands that run several (compare,
     layers): with reuse_finished or resume, a finished run of the same config in

@@ -5,7 +5,7 @@ training command registers a builder (`register_workload`); the Trainer asks the
 and runs the same loop (optimizer, schedule, clipping, precision, logging, evaluation,
 checkpoints, signals) for every one:
 
-    TrainConfig     the synthetic tasks of `pathattn.tasks` (`task_workload`, below)
+    SyntheticConfig     the synthetic tasks of `pathattn.tasks` (`task_workload`, below)
     PretrainConfig  language-model pretraining on prepared text (`pathattn.train.pretrain`)
 
 A training step is a list of micro-batches, each a dict of `PaTHLM.forward` arguments
@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..models import PaTHLM
-from .config import TaskStream, TrainConfig, build_model_config, model_vocab_size
+from .synthetic import SyntheticConfig, TaskStream, build_model_config, model_vocab_size
 
 __all__ = ["Workload", "register_workload", "build_workload", "TaskSteps"]
 
@@ -90,8 +90,8 @@ class TaskSteps:
         self.stream.load_state_dict(state)
 
 
-@register_workload(TrainConfig)
-def task_workload(cfg: TrainConfig, device: torch.device,
+@register_workload(SyntheticConfig)
+def task_workload(cfg: SyntheticConfig, device: torch.device,
                   replica: tuple[int, int] = (0, 1)) -> Workload:
     """A synthetic task: a `PaTHLM` of `build_model_config` on the task's training stream,
     evaluated on its validation splits (`pathattn.train.evaluate`). Every replica draws

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pathattn.cli import build_parser, main
-from pathattn.convert.cli import convert_options
+from pathattn.cli.convert import convert_options
 from pathattn.convert.pipeline import stage_configs
 from pathattn.train import Trainer, read_jsonl
 

@@ -60,7 +60,7 @@ def write_corpus(folder: Path) -> Path:
 
 def parse(add_arguments, argv: list[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     """Parse `argv` with a parser that has one subcommand "cmd" built by `add_arguments`,
-    the way pathattn/cli.py registers its commands."""
+    the way pathattn.cli registers its commands."""
     parser = argparse.ArgumentParser(prog="pathattn")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("cmd")

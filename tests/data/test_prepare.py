@@ -13,13 +13,13 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 import pathattn.data.corpus as corpus_module
+from pathattn.cli.prepare import add_arguments as add_prepare_arguments
+from pathattn.cli.prepare import run as run_prepare
 from pathattn.data import (
     DataError,
     TokenDataset,
-    add_prepare_arguments,
     load_tokenizer,
     prepare_dataset,
-    run_prepare,
     split_key,
     token_dtype,
 )

@@ -10,15 +10,9 @@ import json
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from pathattn.data import (
-    SPECIAL_TOKENS,
-    DataError,
-    add_tokenizer_arguments,
-    load_tokenizer,
-    run_tokenizer,
-    special_ids,
-    train_tokenizer,
-)
+from pathattn.cli.tokenizer import add_arguments as add_tokenizer_arguments
+from pathattn.cli.tokenizer import run as run_tokenizer
+from pathattn.data import SPECIAL_TOKENS, DataError, load_tokenizer, special_ids, train_tokenizer
 
 from . import VOCAB, parse, snippets, stdlib_slice, tiny_tokenizer
 

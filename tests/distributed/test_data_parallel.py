@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pathattn.train import TrainConfig, Trainer
+from pathattn.train import SyntheticConfig, Trainer
 from tests.distributed._launch import launch
 
 # a tiny flip-flop run: T = 32, batch 5 (split 3 + 2 over two replicas, so the ranks score
@@ -29,7 +29,7 @@ def _losses(out_dir) -> list[float]:
 
 
 def _single(tmp_path, **over) -> list[float]:
-    cfg = TrainConfig(**{**TINY, **over}, out_dir=str(tmp_path / "single"))
+    cfg = SyntheticConfig(**{**TINY, **over}, out_dir=str(tmp_path / "single"))
     Trainer(cfg).train()
     return _losses(cfg.out_dir)
 
@@ -59,7 +59,7 @@ def test_torchrun_ddp_matches_single_process(tmp_path):
 def _cp_resume_worker(rank: int, world_size: int, out_dir: str) -> list[float]:
     """Context parallelism over both ranks, interrupted at step 3 and resumed."""
     os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank))
-    cfg = TrainConfig(**{**TINY, "attn": "path_fox"}, out_dir=out_dir)
+    cfg = SyntheticConfig(**{**TINY, "attn": "path_fox"}, out_dir=out_dir)
     first = Trainer(cfg, context_parallel=world_size)
     first.train(until=3)
     first.parallel.barrier()  # rank 0's checkpoint is on disk
@@ -76,7 +76,7 @@ def test_context_parallel_trainer_resumes_to_single_process_curve(tmp_path):
 
 
 def test_context_parallel_needs_torchrun(tmp_path):
-    cfg = TrainConfig(**TINY, out_dir=str(tmp_path / "x"))
+    cfg = SyntheticConfig(**TINY, out_dir=str(tmp_path / "x"))
     with pytest.raises(ValueError, match="context_parallel=2 needs as many processes"):
         Trainer(cfg, context_parallel=2)
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pathattn.cli import main
+from pathattn.cli.eval.ppl import add_arguments
 from pathattn.evaluation.ppl import (
     PplError,
     Scorer,
@@ -27,7 +28,6 @@ from pathattn.evaluation.ppl import (
     num_windows,
     token_losses,
 )
-from pathattn.evaluation.ppl_cli import add_arguments
 from pathattn.models import ModelConfig
 from tests.train.test_pretrain import make_prepared
 

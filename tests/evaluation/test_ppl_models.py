@@ -1,4 +1,5 @@
-"""`pathattn eval ppl` over model folders: report, training lengths, tokenizer check, re-export."""
+"""`pathattn eval ppl` over model folders: report, training lengths, tokenizer check, and
+the split between `ppl` (token streams) and `ppl_models` (model folders)."""
 
 from __future__ import annotations
 
@@ -76,14 +77,10 @@ def test_a_model_with_another_tokenizer_is_refused(assets, tmp_path, capsys):
                  "--lengths", "16", "--max-docs", "1", "--no-progress"]) == 0
 
 
-def test_model_folder_names_are_re_exported_lazily_from_ppl():
+def test_ppl_scores_streams_and_ppl_models_owns_the_folders():
+    """One concern per module: model folders live in ppl_models only, and ppl has no
+    module __getattr__ forwarding to it."""
+    assert not hasattr(ppl, "__getattr__")
     for name in ppl_models.__all__:
-        assert name in ppl.__all__
-        assert getattr(ppl, name) is getattr(ppl_models, name)
-    assert ppl.evaluate_models is ppl_models.evaluate_models
-    assert ppl.ModelFolder is ppl_models.ModelFolder
-    assert ppl.check_model_folder is ppl_models.check_model_folder
-    assert ppl.load_model is ppl_models.load_model
-    assert ppl.train_length is ppl_models.train_length
-    with pytest.raises(AttributeError, match="no_such_name"):
-        ppl.no_such_name  # noqa: B018
+        assert name not in ppl.__all__ and not hasattr(ppl, name)
+    assert ppl_models.open_split is ppl.open_split

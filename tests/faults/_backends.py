@@ -1,16 +1,16 @@
-"""The op's registered backends (`pathattn.ops.backends`), for fault tests that must hold on
+"""The op's registered backends (`pathattn.ops.path.backends`), for fault tests that must hold on
 every one of them: the `op` fixture is `path_attn(..., backend=name)` for each registered
 name, on the device the backend runs on, with 16-token blocks (short sequences span several
 blocks). A backend that cannot run here (its C++ kernels cannot build, triton is not
-installed) is skipped with its reason (`tests.ops.conformance._specs`).
+installed) is skipped with its reason (`tests.ops.path.conformance._specs`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pathattn.ops.backends import backend_names
-from tests.ops.conformance._specs import backend_spec
+from pathattn.ops.path.backends import backend_names
+from tests.ops.path.conformance._specs import backend_spec
 
 BACKENDS = list(backend_names())
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pathattn import path_attn
-from pathattn.ops.validation import MAX_BLOCK_SIZE
-from tests.ops._helpers import make_inputs
+from pathattn.ops.common.validation import MAX_BLOCK_SIZE
+from tests.ops.path._helpers import make_inputs
 
 
 def test_huge_block_is_refused():
@@ -22,7 +22,8 @@ def test_huge_block_is_refused():
 def test_long_block_on_short_sequence_is_cut(monkeypatch):
     """block_size = MAX_BLOCK_SIZE at T = 40 runs with 48-token blocks (T rounded up to 16)
     and gives the default's output."""
-    op_module = importlib.import_module("pathattn.ops.path_attn")  # the module, not the op
+    op_module = importlib.import_module("pathattn.ops.common.block_size")
+    monkeypatch.setattr(op_module, "_LAYOUTS", type(op_module._LAYOUTS)())  # no cached layout
     seen = []
     make = op_module.make_layout
     monkeypatch.setattr(op_module, "make_layout",

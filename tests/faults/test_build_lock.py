@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from pathattn.ops import path_attn, path_attn_naive
-from pathattn.ops.cpu import build
+from pathattn.ops.path.cpu import build
 
 REPO = Path(__file__).resolve().parents[2]
 COLD_BUILD_S = 600  # a cold build: 20-30 s idle, over 180 s on a 2-core machine under full load;
@@ -39,7 +39,7 @@ needs_posix = pytest.mark.skipif(not POSIX, reason="needs POSIX signals and fcnt
 LOAD_AND_CHECK = textwrap.dedent("""
     import torch
     from pathattn.ops import path_attn, path_attn_naive
-    from pathattn.ops.cpu import load_kernels
+    from pathattn.ops.path.cpu import load_kernels
     ok = load_kernels()
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 20, 2, 8) for _ in range(3))
@@ -62,7 +62,7 @@ HOLD_TORCH_BATON = textwrap.dedent("""
 """)
 HOLD_BUILD_LOCK = textwrap.dedent("""
     import time
-    from pathattn.ops.cpu import build
+    from pathattn.ops.path.cpu import build
     with build.build_lock(build.build_paths().lock, 0) as (held, _):
         assert held
         print("READY", flush=True)

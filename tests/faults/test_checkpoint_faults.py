@@ -36,6 +36,7 @@ from pathattn.train import (
 )
 from pathattn.train import checkpoint as ck
 from pathattn.train.trainer import TIMING_FIELDS
+from pathattn.utils import io as fsio
 from tests.train.test_trainer import tiny
 
 # ------------------------------------------------------------------------ helpers
@@ -276,7 +277,7 @@ class Killed(BaseException):
 
 
 class KillSwitch:
-    """Counts the file-system calls of the checkpoint write path (`checkpoint._open`,
+    """Counts the file-system calls of the checkpoint write path (`pathattn.utils.io._open`,
     `_write`, `_fsync`, `_close`, `_replace`, `_unlink`) and kills the "process" at call
     number `at`: that call does not happen (mode "half": a write puts half its bytes first)
     and every later one fails too, as nothing runs after a kill; the fds it left open are
@@ -291,7 +292,7 @@ class KillSwitch:
         self.dead = False
         self.fds: set[int] = set()
         for name in self.OPS:
-            monkeypatch.setattr(ck, name, self._wrap(name, getattr(ck, name)))
+            monkeypatch.setattr(fsio, name, self._wrap(name, getattr(fsio, name)))
 
     def _wrap(self, name, real):
         def op(*args):

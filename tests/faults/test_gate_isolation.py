@@ -2,7 +2,7 @@
 
 The gate term G_i - G_j is a per-sequence cumulative sum. A gate of -inf, -1e16 or NaN in
 one sequence (batch row or packed segment) must leave every other sequence's output and
-gradients exactly as they are: in every backend (`tests/ops/conformance/test_isolation.py`),
+gradients exactly as they are: in every backend (`tests/ops/path/conformance/test_isolation.py`),
 in the prefill and the decode steps, and under context parallelism; and inside a sequence a
 gate of -1e6 must not cost the other tokens float32 accuracy, in every backend.
 """
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from pathattn import path_attn_prefill, path_attn_step
-from pathattn.ops.reference import path_attn_naive
+from pathattn.ops.path.reference import path_attn_naive
 from tests.faults._backends import op  # noqa: F401  (fixture)
-from tests.ops._helpers import make_dout, make_inputs, rel_err, run_with_grads
+from tests.ops.path._helpers import make_dout, make_inputs, rel_err, run_with_grads
 
 BAD_GATES = {"minus-inf": float("-inf"), "minus-1e16": -1e16, "nan": float("nan")}
 

@@ -1,7 +1,7 @@
 """A NaN or inf in one token's inputs reaches only that token and the later tokens of its
 sequence, as in the definition (and the float64 reference): never the earlier tokens of
 its block, never another sequence. Every backend, forward and gradients, and the prefill
-(between sequences, every kind of bad value: `tests/ops/conformance/test_isolation.py`).
+(between sequences, every kind of bad value: `tests/ops/path/conformance/test_isolation.py`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 
 from pathattn import path_attn_prefill
 from pathattn.ops import path_attn_with_keys
-from pathattn.ops.reference import path_attn_naive
+from pathattn.ops.path.reference import path_attn_naive
 from tests.faults._backends import op  # noqa: F401  (fixture)
-from tests.ops._helpers import NAMES, make_dout, make_inputs, rel_err, run_with_grads
+from tests.ops.path._helpers import NAMES, make_dout, make_inputs, rel_err, run_with_grads
 
 T_BAD = 13  # inside the first 16-token block: the blockwise paths meet it in a block
 VALUES = {"nan": float("nan"), "inf": float("inf")}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pathattn.cli import main
-from pathattn.train import RunDirError, TrainConfig, Trainer
+from pathattn.train import RunDirError, SyntheticConfig, Trainer
 from pathattn.train.run_dir import LOCK_NAME
 from tests.train.test_trainer import read_jsonl, tiny
 
@@ -109,7 +109,7 @@ def test_python_api_refuses_and_overwrites(tmp_path):
 def test_multi_run_resume_continues_and_reuses(tmp_path, command):
     out = tmp_path / "out"
     run = _run_folder(command, out)
-    cfg = TrainConfig(task="flipflop", attn="rope", dim=16, heads=2, steps=2, batch_size=2,
+    cfg = SyntheticConfig(task="flipflop", attn="rope", dim=16, heads=2, steps=2, batch_size=2,
                       num_pairs=4, eval_batches=1, final_eval_batches=1, log_every=1,
                       checkpoint_every=1, out_dir=str(run), progress=False)  # = TINY
     Trainer(cfg).train(until=1)  # an interrupted sub-run, checkpoint at step 1

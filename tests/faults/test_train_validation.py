@@ -1,5 +1,5 @@
 """Fault injection on the training hyper-parameters: an infinite or NaN learning rate,
-weight decay or gradient clip is refused where the config is validated (`TrainConfig`), so
+weight decay or gradient clip is refused where the config is validated (`SyntheticConfig`), so
 the Python API and every training command get a ValueError naming the argument, and the
 CLI prints it without a traceback and exits non-zero. grad_clip 0 (no clipping) still
 trains."""
@@ -12,7 +12,7 @@ import math
 import pytest
 
 from pathattn.cli import main
-from pathattn.train import TrainConfig, Trainer
+from pathattn.train import SyntheticConfig, Trainer
 from tests.train.test_trainer import tiny
 
 INF, NAN = float("inf"), float("nan")
@@ -31,7 +31,7 @@ def _ids(case) -> str:
 @pytest.mark.parametrize("field,value", BAD, ids=[_ids(c) for c in BAD])
 def test_config_rejects_non_finite(field, value):
     with pytest.raises(ValueError, match=f"{field} must be a finite"):
-        TrainConfig(**{field: value})
+        SyntheticConfig(**{field: value})
 
 
 @pytest.mark.parametrize("field,value", BAD, ids=[_ids(c) for c in BAD])

@@ -18,7 +18,7 @@ from pathattn.models import (
     unregister_attention_type,
 )
 from pathattn.nn import RoPEAttention
-from pathattn.train import TrainConfig
+from pathattn.train import SyntheticConfig
 
 
 def test_builtin_types_in_order():
@@ -48,7 +48,7 @@ def test_registered_type_reaches_config_model_and_choices(rope_small_base):
     parser = argparse.ArgumentParser()
     parser.add_argument("--attn", choices=ATTN_TYPES)
     assert parser.parse_args(["--attn", "rope100"]).attn == "rope100"
-    TrainConfig(task="flipflop", attn="rope100", dim=16, heads=2).validate()
+    SyntheticConfig(task="flipflop", attn="rope100", dim=16, heads=2).validate()
 
 
 def test_registry_errors(rope_small_base):

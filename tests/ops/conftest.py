@@ -6,7 +6,7 @@ calls left in the reused blocks."""
 import pytest
 import torch
 
-from pathattn.ops.cpu import load_kernels
+from pathattn.ops.path.cpu import load_kernels
 
 
 @pytest.fixture(autouse=True, scope="session")

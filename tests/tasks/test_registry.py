@@ -1,6 +1,6 @@
 """The task registry: every registered task's declared options, splits and metrics agree
 with what its config, streams and evaluation produce; a task registered here only (a toy
-"copy" task) goes through `TrainConfig`, `pathattn data`, `pathattn train` and the
+"copy" task) goes through `SyntheticConfig`, `pathattn data`, `pathattn train` and the
 evaluation with nothing else changed, and is gone once unregistered."""
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ from pathattn.tasks import (
     task_names,
     unregister_task,
 )
-from pathattn.train import TaskStream, TrainConfig, build_task, evaluate
+from pathattn.train import SyntheticConfig, TaskStream, build_task, evaluate
 from pathattn.train.compare import error_series
-from pathattn.train.config import build_model_config, model_vocab_size, option_fields
 from pathattn.train.sweep import layers_table, solve_score
+from pathattn.train.synthetic import build_model_config, model_vocab_size, option_fields
 
 # small option values per built-in task, so that every test runs in a blink
 SMALL = {"flipflop": {"num_pairs": 4}, "a5": {"length": 4}, "s5": {"length": 4},
          "mqrar": {"length": 16, "keys": 2}}  # 8 pairs of 2 keys: some 2-back targets
 
 
-def small_config(task: str, **over) -> TrainConfig:
+def small_config(task: str, **over) -> SyntheticConfig:
     kw = dict(task=task, dim=16, heads=2, batch_size=3, eval_batches=2, progress=False,
               **option_fields(SMALL.get(task, {})))
-    return TrainConfig(**{**kw, **over})
+    return SyntheticConfig(**{**kw, **over})
 
 
 # ------------------------------------------------------------------ built-in tasks
@@ -61,8 +61,8 @@ def test_declared_options_build_the_config(name):
         assert option.choices is None or option.default in option.choices
     defaults = {o.name: o.default for o in spec.options}
     assert spec.resolve() == defaults
-    cfg = TrainConfig(task=name, **option_fields(defaults))  # the defaults, given explicitly
-    assert build_task(cfg).cfg == build_task(TrainConfig(task=name)).cfg
+    cfg = SyntheticConfig(task=name, **option_fields(defaults))  # the defaults, given explicitly
+    assert build_task(cfg).cfg == build_task(SyntheticConfig(task=name)).cfg
     with pytest.raises(ValueError, match="not an option"):
         spec.resolve({"no_such_option": 1})
 
@@ -139,7 +139,7 @@ def test_an_option_of_another_task_is_refused(name):
     other = next(t for t in task_names() if t not in owners)
     option = options_by_name()[name][0][1]
     with pytest.raises(ValueError, match=f"{name} applies to task {', '.join(owners)} only"):
-        TrainConfig(task=other, **option_fields({name: option.default}))
+        SyntheticConfig(task=other, **option_fields({name: option.default}))
 
 
 def test_register_refuses_clashes():
@@ -219,22 +219,22 @@ def copy_task():
 
 def test_new_task_config_validation(copy_task):
     assert tasks.TASKS[-1] == "copy"
-    cfg = TrainConfig(task="copy", task_options={"symbols": 3}, batch_size=2)
+    cfg = SyntheticConfig(task="copy", task_options={"symbols": 3}, batch_size=2)
     assert build_task(cfg, "val").cfg == CopyConfig(symbols=3, batch_size=2)
-    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
-    assert build_task(TrainConfig(task="copy")).cfg.symbols == 8  # the declared default
+    assert SyntheticConfig.from_dict(cfg.to_dict()) == cfg
+    assert build_task(SyntheticConfig(task="copy")).cfg.symbols == 8  # the declared default
     with pytest.raises(ValueError, match="num_pairs applies to task flipflop only"):
-        TrainConfig(task="copy", num_pairs=3)
+        SyntheticConfig(task="copy", num_pairs=3)
     with pytest.raises(ValueError, match="symbols applies to task copy only"):
-        TrainConfig(task="a5", task_options={"symbols": 3})
+        SyntheticConfig(task="a5", task_options={"symbols": 3})
     with pytest.raises(ValueError, match="symbols must be None or a positive int"):
-        TrainConfig(task="copy", task_options={"symbols": 0})
+        SyntheticConfig(task="copy", task_options={"symbols": 0})
     with pytest.raises(ValueError, match="task options: symbols must be >= 2"):
-        TrainConfig(task="copy", task_options={"symbols": 1})
+        SyntheticConfig(task="copy", task_options={"symbols": 1})
     with pytest.raises(ValueError, match="task_options"):
-        TrainConfig(task="copy", task_options={"colour": "red"})
+        SyntheticConfig(task="copy", task_options={"colour": "red"})
     with pytest.raises(ValueError, match="task_options"):
-        TrainConfig(task="a5", task_options={"length": 3})  # has a field of its own
+        SyntheticConfig(task="a5", task_options={"length": 3})  # has a field of its own
 
 
 def test_new_task_data_command(copy_task, tmp_path, capsys):
@@ -270,7 +270,7 @@ def test_new_task_trains_and_evaluates(copy_task, tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     assert error_series(metrics, "copy") == {"val (1 - seq acc)": 1.0 - metrics["val_seq_acc"]}
     assert solve_score(metrics, "copy") == metrics["val_token_acc"]
-    base = TrainConfig(task="copy")
+    base = SyntheticConfig(task="copy")
     table = layers_table({"path": {"solved_at": 1, "runs": {1: 0.95}}}, base, 0.9)
     assert "fewest layers with token acc >= 90 %" in table
     assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
@@ -281,6 +281,6 @@ def test_unregistered_task_is_gone(tmp_path):
         assert "copy" in task_names()
     assert "copy" not in task_names() and "symbols" not in options_by_name()
     with pytest.raises(ValueError, match="task must be one of"):
-        TrainConfig(task="copy")
+        SyntheticConfig(task="copy")
     with pytest.raises(SystemExit):
         main(["data", "copy", "--n", "1", "--out", str(tmp_path / "x.jsonl")])

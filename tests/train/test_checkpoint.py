@@ -1,5 +1,6 @@
 """`pathattn.train.checkpoint`: safetensors weights + weights_only state round trip, and
-atomic writes (a failed write leaves the previous checkpoint loadable)."""
+atomic writes (a failed write leaves the previous checkpoint loadable; the writes
+themselves: tests/utils/test_io.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from pathattn.models import ModelConfig, PaTHLM
 from pathattn.train import checkpoint as ck
+from pathattn.utils import io as fsio
 
 
 def _model(seed: int) -> PaTHLM:
@@ -64,7 +66,7 @@ def test_failed_write_leaves_previous_checkpoint(tmp_path, monkeypatch, fail_at)
     old = _model(0)
     ck.save_checkpoint(tmp_path, 1, old, {"tag": "old"})
     calls = []
-    real_replace = ck._replace
+    real_replace = fsio._replace
 
     def flaky_replace(src, dst):
         calls.append(dst)
@@ -73,26 +75,13 @@ def test_failed_write_leaves_previous_checkpoint(tmp_path, monkeypatch, fail_at)
             raise OSError("disk full")
         real_replace(src, dst)
 
-    monkeypatch.setattr(ck, "_replace", flaky_replace)
+    monkeypatch.setattr(fsio, "_replace", flaky_replace)
     with pytest.raises(OSError, match="disk full"):
         ck.save_checkpoint(tmp_path, 2, _model(1), {"tag": "new"})
-    monkeypatch.setattr(ck, "_replace", real_replace)
+    monkeypatch.setattr(fsio, "_replace", real_replace)
     fresh = _model(2)
     state = ck.load_checkpoint(tmp_path, fresh)
     assert state["step"] == 1 and state["tag"] == "old"
     assert _same(fresh, old)
     assert not [n for n in os.listdir(ck.checkpoint_dir(tmp_path)) if n.endswith(".tmp")]
 
-
-def test_atomic_write_bytes_keeps_old_content_on_failure(tmp_path, monkeypatch):
-    path = tmp_path / "f.json"
-    ck.atomic_write_bytes(path, b"old")
-
-    def boom(src, dst):
-        raise OSError("crash before rename")
-
-    monkeypatch.setattr(ck, "_replace", boom)
-    with pytest.raises(OSError):
-        ck.atomic_write_bytes(path, b"new")
-    assert path.read_bytes() == b"old"
-    assert os.listdir(tmp_path) == ["f.json"]

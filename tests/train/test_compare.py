@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pathattn.cli import main
-from pathattn.train import TrainConfig, compare, markdown_table
+from pathattn.train import SyntheticConfig, compare, markdown_table
 from pathattn.train.compare import results_markdown, seed_report, spread_table
 
 TINY = ["--task", "flipflop", "--layers", "1", "--heads", "2", "--dim", "16", "--steps", "4",
@@ -100,7 +100,7 @@ def test_seeds_report_spread_and_resume_reuses_runs(tmp_path, capsys):
 
 
 def test_python_api_seeds_and_even_median(tmp_path):
-    base = TrainConfig(task="flipflop", dim=16, heads=2, steps=2, batch_size=2, num_pairs=8,
+    base = SyntheticConfig(task="flipflop", dim=16, heads=2, steps=2, batch_size=2, num_pairs=8,
                        eval_every=2, eval_batches=1, final_eval_batches=1,
                        checkpoint_every=2, progress=False, seed=3, out_dir=str(tmp_path))
     report = compare(base, ["path"], tmp_path, seeds=[5, 3])
@@ -128,7 +128,7 @@ def test_cli_rejects_bad_seeds(tmp_path, capsys, seeds, message):
 @pytest.mark.parametrize("seeds", [[], [-1], [0, 0], [True], "01", [1.5]],
                          ids=["empty", "negative", "duplicate", "bool", "str", "float"])
 def test_api_rejects_bad_seeds(tmp_path, seeds):
-    base = TrainConfig(task="flipflop", dim=16, heads=2, steps=2, out_dir=str(tmp_path))
+    base = SyntheticConfig(task="flipflop", dim=16, heads=2, steps=2, out_dir=str(tmp_path))
     with pytest.raises(ValueError, match="seeds"):
         compare(base, ["path"], tmp_path, seeds=seeds)
 

@@ -1,21 +1,21 @@
 """Every ModelConfig field is reachable from a training config and the command line:
-TrainConfig.model holds the fields the task does not decide (`--model-arg KEY=VALUE`)."""
+SyntheticConfig.model holds the fields the task does not decide (`--model-arg KEY=VALUE`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pathattn.cli import model_args
-from pathattn.train import TrainConfig
-from pathattn.train.config import build_model_config
+from pathattn.cli.args import model_args
+from pathattn.train import SyntheticConfig
+from pathattn.train.synthetic import build_model_config
 
 
 def test_overrides_reach_the_model():
-    cfg = TrainConfig(model={"beta_max": 1.99, "w_rank": 8, "qk_norm": True,
+    cfg = SyntheticConfig(model={"beta_max": 1.99, "w_rank": 8, "qk_norm": True,
                              "num_key_value_heads": 1})
     mc = build_model_config(cfg, vocab_size=5, seq_len=512)
     assert (mc.beta_max, mc.w_rank, mc.qk_norm, mc.num_key_value_heads) == (1.99, 8, True, 1)
-    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert SyntheticConfig.from_dict(cfg.to_dict()) == cfg
 
 
 @pytest.mark.parametrize("model, match", [
@@ -26,7 +26,7 @@ def test_overrides_reach_the_model():
 ], ids=["unknown", "task-decides", "invalid-value", "not-a-dict"])
 def test_bad_overrides_name_the_field(model, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(model=model)
+        SyntheticConfig(model=model)
 
 
 def test_cli_values_are_json():

@@ -112,7 +112,7 @@ def test_gradient_accumulation_equals_the_bigger_batch(prepared, tmp_path):
 
 def test_tokens_budget_and_errors(prepared, tmp_path, capsys):
     from pathattn.cli import build_parser
-    from pathattn.train.pretrain_cli import pretrain_config
+    from pathattn.cli.pretrain import pretrain_config
 
     args = build_parser().parse_args(["pretrain", "--data", str(prepared), "--tokens", "1000",
                                       "--seq-len", "64", "--batch-size", "2",

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pathattn.cli import main
-from pathattn.train import TrainConfig, fewest_layers, layers_table, solve_score
+from pathattn.train import SyntheticConfig, fewest_layers, layers_table, solve_score
 from pathattn.train.sweep import layers_markdown, layers_spread_table
 
 TINY = dict(task="a5", dim=16, heads=2, steps=2, batch_size=2, length=4, warmup_steps=1,
@@ -27,7 +27,7 @@ def test_solve_score_per_task():
 
 
 def test_sweep_stops_at_first_solving_depth_and_reuses_runs(tmp_path):
-    base = TrainConfig(**TINY, out_dir=str(tmp_path))
+    base = SyntheticConfig(**TINY, out_dir=str(tmp_path))
     # threshold 0 is reached by every run: depth 1 solves, depth 2 never trains
     res = fewest_layers(base, ["path"], [1, 2], tmp_path, threshold=0.0)
     assert res["path"]["seeds"][0]["solved_at"] == 1
@@ -47,7 +47,7 @@ def test_sweep_stops_at_first_solving_depth_and_reuses_runs(tmp_path):
 
 
 def test_sweep_seeds_report_and_reuse(tmp_path):
-    base = TrainConfig(**TINY, out_dir=str(tmp_path))
+    base = SyntheticConfig(**TINY, out_dir=str(tmp_path))
     fewest_layers(base, ["path", "rope"], [1], tmp_path, threshold=1.0)  # one seed first
     one_seed = (tmp_path / "path-L1" / "metrics.json").stat().st_mtime_ns
     # three seeds at an unreachable threshold: every seed's depth-1 score, seed 0 reused
@@ -123,7 +123,7 @@ def test_cli_layers_rejects_bad_seeds(tmp_path, capsys, seeds, message):
 
 
 def test_layers_tables_of_seeds():
-    base = TrainConfig(**TINY)
+    base = SyntheticConfig(**TINY)
     results = {"path": {"seeds": {0: {"solved_at": 2, "runs": {1: 0.5, 2: 0.95}},
                                   1: {"solved_at": None, "runs": {1: 0.4, 2: 0.8}}},
                         "solved_at": {"per_seed": {0: 2, 1: None}, "median": None,
@@ -138,7 +138,7 @@ def test_layers_tables_of_seeds():
 
 
 def test_bad_sweep_arguments(tmp_path):
-    base = TrainConfig(**TINY, out_dir=str(tmp_path))
+    base = SyntheticConfig(**TINY, out_dir=str(tmp_path))
     with pytest.raises(ValueError, match="layers"):
         fewest_layers(base, ["path"], [0], tmp_path)
     with pytest.raises(ValueError, match="attns"):
@@ -152,7 +152,7 @@ def test_bad_sweep_arguments(tmp_path):
 def test_sweep_reports_cover_complete_earlier_seeds(tmp_path):
     """A sweep extended seed by seed reports every other seed whose sweep over the same
     depths is complete on disk; an incomplete one is left out. Nothing of theirs trains."""
-    base = TrainConfig(**TINY, out_dir=str(tmp_path))
+    base = SyntheticConfig(**TINY, out_dir=str(tmp_path))
     first = fewest_layers(base, ["path"], [1], tmp_path, threshold=1.0, seeds=[0, 1])
     mtimes = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/metrics.json")}
     res = fewest_layers(base, ["path"], [1], tmp_path, threshold=1.0, seeds=[2])

@@ -1,4 +1,4 @@
-"""`pathattn.train`: TrainConfig validation, LR schedule, data streams, the Trainer's
+"""`pathattn.train`: SyntheticConfig validation, LR schedule, data streams, the Trainer's
 outputs, exact resume and the `pathattn train` CLI. Tiny models, a few steps each."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ import pytest
 import torch
 
 from pathattn.cli import main
-from pathattn.train import TaskStream, TrainConfig, Trainer, build_task, lr_at, param_groups
-from pathattn.train.config import model_vocab_size
+from pathattn.train import SyntheticConfig, TaskStream, Trainer, build_task, lr_at, param_groups
+from pathattn.train.synthetic import model_vocab_size
 
 FF_KEYS = ("val", "val_sparse", "val_dense")
 
 
-def tiny(tmp_path, **over) -> TrainConfig:
+def tiny(tmp_path, **over) -> SyntheticConfig:
     """A flip-flop run of a 1-layer, 16-wide model on 16-token sequences."""
     kw = dict(task="flipflop", dim=16, heads=2, layers=1, steps=4, batch_size=2, num_pairs=8,
               warmup_steps=2, eval_every=100, eval_batches=1, final_eval_batches=1,
               log_every=1,
               checkpoint_every=100, out_dir=str(tmp_path / "run"), progress=False)
-    return TrainConfig(**{**kw, **over})
+    return SyntheticConfig(**{**kw, **over})
 
 
 def read_jsonl(path):
@@ -40,26 +40,26 @@ def read_jsonl(path):
 ], ids=lambda v: str(v))
 def test_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
-        TrainConfig(**{field: value})
+        SyntheticConfig(**{field: value})
 
 
 def test_validation_task_options_and_heads():
     with pytest.raises(ValueError, match="n_back"):
-        TrainConfig(task="flipflop", n_back=2)
+        SyntheticConfig(task="flipflop", n_back=2)
     with pytest.raises(ValueError, match="length"):
-        TrainConfig(task="mqrar", length=7)  # odd: MQRAR needs (key, value) pairs
+        SyntheticConfig(task="mqrar", length=7)  # odd: MQRAR needs (key, value) pairs
     with pytest.raises(ValueError, match="dim"):
-        TrainConfig(dim=30, heads=4)
+        SyntheticConfig(dim=30, heads=4)
     with pytest.raises(ValueError, match="unknown"):
-        TrainConfig.from_dict({"epochs": 3})
-    assert TrainConfig.preset("a5-cpu").task == "a5"
+        SyntheticConfig.from_dict({"epochs": 3})
+    assert SyntheticConfig.preset("a5-cpu").task == "a5"
 
 
 # ------------------------------------------------------------- schedule and groups
 
 
 def test_lr_schedule_values():
-    cfg = TrainConfig(lr=1.0, warmup_steps=10, steps=110, min_lr_ratio=0.1)
+    cfg = SyntheticConfig(lr=1.0, warmup_steps=10, steps=110, min_lr_ratio=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1)
     assert lr_at(4, cfg) == pytest.approx(0.5)
     assert lr_at(9, cfg) == pytest.approx(1.0)
@@ -67,7 +67,7 @@ def test_lr_schedule_values():
     assert lr_at(60, cfg) == pytest.approx(0.55)  # halfway down the cosine
     assert lr_at(35, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
     assert lr_at(110, cfg) == pytest.approx(0.1)
-    no_warmup = TrainConfig(lr=2.0, warmup_steps=0, steps=10, min_lr_ratio=0.0)
+    no_warmup = SyntheticConfig(lr=2.0, warmup_steps=0, steps=10, min_lr_ratio=0.0)
     assert lr_at(0, no_warmup) == pytest.approx(2.0)
 
 
@@ -90,7 +90,7 @@ def test_param_groups_skip_norms_biases_embeddings(tmp_path):
                                        ("mqrar", dict(length=10, keys=3))],
                          ids=["flipflop", "a5", "mqrar"])
 def test_stream_matches_task_iter_and_resumes(task, opts):
-    cfg = TrainConfig(task=task, batch_size=2, **opts)
+    cfg = SyntheticConfig(task=task, batch_size=2, **opts)
     reference = iter(build_task(cfg))
     expected = [next(reference) for _ in range(3)]
     stream = TaskStream.for_split(cfg, "train")
@@ -129,7 +129,7 @@ def test_tiny_run_writes_log_and_metrics(tmp_path):
         assert isinstance(saved[split], float) and 0.0 <= saved[split] <= 1.0
         assert 0.0 <= saved[f"{split}_seq_error_rate"] <= 1.0
     assert (out / "checkpoints" / "latest.json").exists()
-    assert TrainConfig.from_dict(json.loads((out / "config.json").read_text())) == cfg
+    assert SyntheticConfig.from_dict(json.loads((out / "config.json").read_text())) == cfg
 
 
 def test_word_problem_metrics_bfloat16(tmp_path):

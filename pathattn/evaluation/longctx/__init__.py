@@ -9,7 +9,7 @@ benchmark.
     write_training_docs("vt", tokenizer, [1024], 100, "vt.jsonl")       pretraining text
 
 A new task is a `LongContextTask` subclass decorated with `@register_task`; the CLI
-(`pathattn eval longctx`, `cli`) and the lm-eval task writer find it in `TASKS`.
+(`pathattn eval longctx`) and the lm-eval task writer find it in `TASKS`.
 """
 
 from . import niah, phonebook, vt  # noqa: F401  (registers the tasks)

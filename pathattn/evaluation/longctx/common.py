@@ -28,12 +28,13 @@ import json
 import math
 import os
 import random
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from ...utils.io import atomic_write_jsonl, atomic_write_text
 
 __all__ = ["Example", "LongContextTask", "TASKS", "register_task", "make_task", "task_names",
            "count_tokens", "fit_length", "score", "answer_budget", "write_text_atomic",
@@ -219,24 +220,16 @@ def make_task(name: str, variant: str | None = None, **options) -> LongContextTa
 # ------------------------------------------------------------------ atomic files
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` through a temp file in the same folder and os.replace, so
-    that readers see the old file or the new one, never a part."""
+    """Write `text` (UTF-8) to `path`, creating its folder, atomically and durably
+    (`pathattn.utils.io`): readers see the old file or the new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, text)
 
 
 def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[dict]) -> int:
-    """Write one JSON object per line, atomically (`write_text_atomic`); returns the
-    number of records."""
-    lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
-    write_text_atomic(path, "".join(lines))
-    return len(lines)
+    """Write one JSON object per line (UTF-8, non-ASCII kept), creating the folder,
+    atomically and durably; returns the number of records."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_jsonl(path, records, ensure_ascii=False)

@@ -7,7 +7,7 @@ attend_current):
     log A_ij = logsigmoid(z_ij) + sum_{allowed k > j} logsigmoid(-z_ik)
 
 (logsigmoid(-z) = log(1 - sigmoid(z))). Key blocks are visited right to left, as the block
-scan of `pathattn.ops.layout` orders them (step d pairs query block l with key block l - d,
+scan of `pathattn.ops.common.layout` orders them (step d pairs query block l with key block l - d,
 d = 0 the diagonal). Each query row carries `run`, the sum of logsigmoid(-z) over the keys of
 the blocks already visited; inside a tile the sum over the later keys of the same tile is one
 GEMM with a strictly upper-triangular matrix of ones (all terms have the same sign: no
@@ -27,7 +27,7 @@ blocks in chunks of at most TILE_ELEMENTS tile entries, so the tiles take a boun
 memory whatever T (one block per chunk at least: O(HQ * C^2)), never T x T; what grows with T
 is O(T) (running sums, saved inputs and outputs).
 
-Shapes: block tensors of `pathattn.ops.stages`, queries [NB, H, R, D] with R = Gr * C rows
+Shapes: block tensors of `pathattn.ops.path.stages`, queries [NB, H, R, D] with R = Gr * C rows
 (GQA group of Gr query heads, then the C positions), keys and values [NB, H, C, D].
 """
 
@@ -38,7 +38,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..layout import BlockLayout
+from ..common.layout import BlockLayout
 
 __all__ = ["Tile", "log_sigmoid", "tile_weights", "later_keys_matrix", "diagonal_allowed",
            "forward_blocks", "backward_blocks", "TILE_ELEMENTS"]

@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-from ..validation import batch_index
+from ..common.validation import batch_index
 
 __all__ = ["SBACache"]
 

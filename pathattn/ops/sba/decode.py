@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..inference import check_attention_mask
-from ..padding import LeftPadding
-from ..stages import compute_dtype, default_scale
-from ..validation import check_block_size
+from ..common.heads import compute_dtype, default_scale
+from ..common.padding import LeftPadding, check_attention_mask
+from ..common.validation import check_block_size
 from .blockwise import later_keys_matrix, tile_weights
 from .cache import SBACache
 from .sb_attn import sb_attn

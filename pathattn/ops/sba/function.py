@@ -1,9 +1,9 @@
 """Blockwise stick-breaking attention as torch.library custom ops, so that torch.compile
 (fullgraph, dynamic shapes, cu_seqlens) sees one opaque node per pass, as for PaTH's op
-(`pathattn.ops.function`): each op builds the block layout itself (it reads cu_seqlens)
+(`pathattn.ops.path.function`): each op builds the block layout itself (it reads cu_seqlens)
 and every output's shape follows from the input shapes.
 
-forward (`pathattn::sb_fwd`): tokens -> blocks (`pathattn.ops.stages`) -> `forward_blocks`
+forward (`pathattn::sb_fwd`): tokens -> blocks (`pathattn.ops.path.stages`) -> `forward_blocks`
 -> o in the compute dtype; autograd saves q, k, v and o (O(T * D) per head).
 backward (`pathattn::sb_bwd`): the blocks again (gathers), then `backward_blocks`, which
 recomputes every tile (extra memory O(T * HQ * C) for the tiles of one scan step, never
@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from ..function import _layout
-from ..stages import compute_dtype, kv_blocks, kv_tokens, row_blocks, rows_to_tokens
+from ..common.block_size import cached_layout
+from ..common.heads import compute_dtype, kv_blocks, kv_tokens, row_blocks, rows_to_tokens
 from .blockwise import backward_blocks, forward_blocks
 
 __all__ = ["sb_attention", "sb_fwd", "sb_bwd"]
@@ -36,7 +36,7 @@ def sb_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """o [B, T, HQ, Dv] in the compute dtype. Arguments as `pathattn.ops.sb_attn`
     (validated there, B * T > 0)."""
     cd = compute_dtype(q.dtype)
-    lay = _layout(q, cu_seqlens, block_size)
+    lay = cached_layout(q, cu_seqlens, block_size)
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
         qb = _query_rows(q, lay, k.shape[2], cd)  # [NB, H, R, D]
         kb, vb = kv_blocks(k, lay, cd), kv_blocks(v, lay, cd)  # [NB, H, C, D / Dv]
@@ -56,7 +56,7 @@ def sb_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), each in its input's dtype, from do [B, T, HQ, Dv] and the forward's
     o (compute dtype)."""
-    lay = _layout(q, cu_seqlens, block_size)
+    lay = cached_layout(q, cu_seqlens, block_size)
     cd, H = o.dtype, k.shape[2]
     with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
         qb = _query_rows(q, lay, H, cd)

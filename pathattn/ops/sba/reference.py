@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..stages import default_scale, expand_kv_heads
+from ..common.heads import default_scale, expand_kv_heads
 
 __all__ = ["sb_attn_naive"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..stages import default_scale
-from ..validation import check_block_size
+from ..common.heads import default_scale
+from ..common.validation import check_block_size
 from .function import sb_attention
 from .validation import check_sb_attn_inputs
 
@@ -16,38 +16,23 @@ __all__ = ["sb_attn"]
 def sb_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
             attend_current: bool = False, block_size: int | None = None) -> torch.Tensor:
-    """Causal stick-breaking attention.
+    """Causal stick-breaking attention (docs/ops.md, "Stick-breaking attention").
 
-    With z_ij = scale * q_i . k_j and the keys allowed for query i being j < i (j <= i with
-    attend_current):
-
-        A_ij = sigmoid(z_ij) * prod_{allowed k > j} (1 - sigmoid(z_ik)),
-        o_i  = sum_j A_ij v_j.
-
-    No softmax and no normalisation: a row's weights sum to at most 1 (the rest of the
-    "stick" is dropped), and row 0 is zero without attend_current. No position encoding is
-    needed: the product favours the nearest keys.
-
-    Computed blockwise in log space, key blocks right to left, with a backward that
-    recomputes the tiles (`pathattn.ops.sba.blockwise`): extra memory O(T * HQ * block_size),
-    never a T x T matrix.
+    With z_ij = scale * q_i . k_j over the allowed keys j < i (j <= i with attend_current):
+    A_ij = sigmoid(z_ij) * prod_{allowed k > j} (1 - sigmoid(z_ik)), o_i = sum_j A_ij v_j.
 
     Args:
-        q: [B, T, HQ, D] queries.
-        k: [B, T, H, D] keys; HQ must be a multiple of H (GQA / MQA: query head h uses
-            key/value head h // (HQ // H)).
-        v: [B, T, H, Dv] values.
+        q: [B, T, HQ, D]; k: [B, T, H, D] with HQ a multiple of H (GQA / MQA: query head h
+            uses key/value head h // (HQ // H)); v: [B, T, H, Dv].
         scale: logit scale, default D ** -0.5.
-        cu_seqlens: optional int tensor [N + 1] of packed sequence boundaries (B must be 1,
-            FlashAttention convention); no attention crosses a boundary.
+        cu_seqlens: int tensor [N + 1] of packed sequence boundaries (B must be 1).
         attend_current: whether query i attends to key i too.
         block_size: tile length C, at most 1024; default 128, or the longest sequence
             rounded up to a multiple of 16 when that is shorter.
 
-    q, k, v share a dtype (float16, bfloat16, float32 or float64); low precision inputs
-    compute in float32. Returns o [B, T, HQ, Dv] in q's dtype, differentiable in q, k and v.
-    Autocast does not reach inside. Non-finite inputs are not isolated: a NaN may spread to
-    other rows of its sequence.
+    q, k, v share a float dtype; low precision inputs compute in float32. Returns o
+    [B, T, HQ, Dv] in q's dtype, differentiable in q, k and v; ValueError names any bad
+    argument. Autocast does not reach inside; non-finite inputs are not isolated.
     """
     device = q.device.type if isinstance(q, torch.Tensor) else "cpu"  # bad q: checked below
     with torch.autocast(device, enabled=False):

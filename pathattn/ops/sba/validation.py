@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import assert_in_graph, check_cu_seqlens, check_same, check_scale, check_tensor
+from ..common.validation import (
+    assert_in_graph,
+    check_cu_seqlens,
+    check_same,
+    check_scale,
+    check_tensor,
+)
 
 __all__ = ["check_sb_attn_inputs", "check_attend_current", "check_start"]
 

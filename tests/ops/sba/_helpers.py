@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._helpers import rel_err
+from .._numerics import rel_err
 
 NAMES = ("q", "k", "v")
 

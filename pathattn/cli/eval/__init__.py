@@ -1,0 +1,48 @@
+"""`pathattn eval ppl | lm-eval | longctx`: language-model evaluation
+(`pathattn.evaluation`).
+
+    pathattn eval ppl --model DIR [DIR ...] --data DIR [--lengths L ...]    perplexity by length
+    pathattn eval lm-eval --model DIR --tasks T ...                         lm-evaluation-harness
+    pathattn eval longctx --model DIR --task niah --lengths L ...           long-context accuracy
+
+Each subcommand is one module here with NAME, HELP, `add_arguments(p)` and
+`run(args, parser)`; its usage errors name it ("pathattn eval ppl: error: ...").
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+from . import lmeval, longctx, ppl
+
+COMMANDS = (ppl, lmeval, longctx)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate language models (perplexity by position, "
+                       "lm-evaluation-harness, long-context retrieval)")
+    inner = p.add_subparsers(dest="eval_command", required=True)
+    for command in COMMANDS:
+        q = inner.add_parser(command.NAME, help=command.HELP, description=command.__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        command.add_arguments(q)
+        q.set_defaults(run=functools.partial(_run_with_parser, command.run, q))
+
+
+def _run_with_parser(run, parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     _top: argparse.ArgumentParser) -> int:
+    """`run(args, parser)` with the subcommand's own parser instead of the top one."""
+    return run(args, parser)
+
+
+def load_model(folder: str, device: str | None):
+    """(model in eval mode on `device`, tokenizer) of a Hugging Face model folder; device
+    None: cuda when available, else cpu."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # pathattn's models resolve: importing pathattn registers them with the Auto classes
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(folder).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(folder)

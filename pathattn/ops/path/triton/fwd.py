@@ -1,0 +1,156 @@
+"""Forward scan of PaTH attention as a Triton kernel (paper section 3.3, boxed workflow).
+
+One program per (query block a, query head). With the block's UT quantities (`ut.py`) it
+forms the boundary-adjusted queries x = Q~ and the in-block logits S, then walks the key
+blocks b = a-1, ..., 0 of its sequence right to left:
+
+    S_ab = x K~_b^T  (+ gate terms),   online softmax,   acc += P V_b,
+    x <- x Pt_b = x - (x W_b^T) U_b        (the query moves across block b)
+
+With R reflections per token W_b and U_b hold the block's BT * R reflections (`_common`);
+everything else has one row per token.
+
+Gate terms (PaTH-FoX): G is the per-sequence cumulative sum of g, kept in float64; the
+kernel adds (G_i - G_{a0}) + (G_{a0} - G_{b0}) - (G_j - G_{b0}) with a0, b0 the blocks'
+first tokens, so that only within-block differences and one scalar per block pair are
+rounded to float32.
+
+Writes o [N, HQ, Dv] (q's dtype) and lse [N, HQ] (float32, natural log).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    block_reflections,
+    device_fn,
+    full_block_reflections,
+    load_tile,
+    mm,
+    mm_lp,
+    reflection_tile,
+    reflection_tokens,
+    row_offsets,
+    tile_ptrs,
+)
+
+__all__ = ["fwd_scan"]
+
+
+@device_fn
+def query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0, s1, hq, h,
+                      scale, HQ, H, D, cols, cmask, HAS_G: tl.constexpr, BT: tl.constexpr,
+                      PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    """Q~ (scaled), the masked in-block logits S [BT, BT] (gates included), and the
+    queries' cumulative gates gq = G_i ([BT] float64, zero without gates) of one query
+    block (tokens t0 .. t0 + BT - 1, its sequence ending at s1). Gate terms G_i - G_j are
+    formed in float64 and then cast (`pathattn.ops.path.gates`)."""
+    cbt = tl.arange(0, BT)
+    wrows, wmask = block_reflections(t0, s1, BT, R, BTR)
+    Q = load_tile(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask) * scale
+    W = load_tile(w_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    U = load_tile(u_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+    M = load_tile(m_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)  # [BTR, BT]
+    incl = cbt[:, None] >= reflection_tokens(R, BTR)[None, :]  # [BT, BTR]
+    QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)
+    x = Q - mm(QW, U, PREC)
+    S = mm(Q, tl.trans(K), PREC) - mm(QW, M, PREC)
+    gq = tl.zeros([BT], dtype=tl.float64)
+    if HAS_G:
+        gq = tl.load(g_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
+        S += (gq[:, None] - gq[None, :]).to(tl.float32)
+    keep = (cbt[:, None] >= cbt[None, :]) & rmask[None, :]
+    S = tl.where(keep, S, float("-inf"))
+    return x, S, gq
+
+
+@device_fn
+def key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols, cmask,
+                     HAS_G: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+                     EMULATE: tl.constexpr):
+    """Logits [BT, BT] of the query state x against the full key block starting at tb."""
+    kmask = kr >= 0
+    Kt = load_tile(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
+    S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
+    if HAS_G:
+        gk = tl.load(g_ptr + row_offsets(kr, HQ, hq), mask=kmask, other=0.0)
+        S += (gq[:, None] - gk[None, :]).to(tl.float32)
+    return S, Kt
+
+
+@device_fn
+def apply_transition(x, w_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.constexpr,
+                     BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    """x Pt_b = x - (x W_b^T) U_b for the full block b starting at token tb."""
+    wr, wmask = full_block_reflections(tb, BT, R, BTR)
+    Wb = load_tile(w_ptr, wr, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+    Ub = load_tile(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+    return x - mm(mm(x, tl.trans(Wb), PREC), Ub, PREC)
+
+
+@triton.jit
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, lse_ptr,
+                table_ptr, scale, HQ, H, D, DV, G: tl.constexpr, HAS_G: tl.constexpr,
+                BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr,
+                PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    blk = tl.program_id(0)
+    hq = tl.program_id(1)
+    h = hq // G
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    cbt = tl.arange(0, BT)
+    rows = t0 + cbt
+    rmask = rows < s1
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    vcols = tl.arange(0, BDV)
+    vmask = vcols < DV
+    x, S, gq = query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
+                                 s1, hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC, R,
+                                 BTR)
+    m_i = tl.max(S, axis=1)
+    P = tl.exp(S - m_i[:, None])
+    l_i = tl.sum(P, axis=1)
+    V = load_tile(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
+    acc = mm_lp(P, V, DT, PREC, EMULATE)
+    for ib in range(0, (t0 - s0) // BT):
+        tb = t0 - (ib + 1) * BT
+        kr = tb + cbt
+        S, _ = key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols,
+                                cmask, HAS_G, DT, PREC, EMULATE)
+        m_new = tl.maximum(m_i, tl.max(S, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        P = tl.exp(S - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(P, axis=1)
+        Vb = load_tile(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+        acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
+        m_i = m_new
+        x = apply_transition(x, w_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR)
+    o = acc / l_i[:, None]
+    tl.store(tile_ptrs(o_ptr, rows, HQ * DV, hq * DV, vcols), o,
+             mask=rmask[:, None] & vmask[None, :])
+    tl.store(lse_ptr + row_offsets(rows, HQ, hq), m_i + tl.log(l_i), mask=rmask)
+
+
+def fwd_scan(q, k, v, w, u, kt, m, G, table, scale: float, BT: int, BD: int, BDV: int,
+             dt, prec: str, emulate: bool, launch: dict | None = None):
+    """q [N, HQ, D]; k, kt [N, H, D]; v [N, H, Dv]; w, u [N * R, H, D] and m [N * R, H, BT]
+    (R reflections per token); G [N, HQ] float64 cumulative gates or None. Returns
+    o [N, HQ, Dv] (q's dtype) and lse [N, HQ] float32."""
+    N, HQ, D = q.shape
+    H, Dv = k.shape[1], v.shape[-1]
+    R = w.shape[0] // max(N, 1)
+    o = torch.empty(N, HQ, Dv, dtype=q.dtype, device=q.device)
+    lse = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
+    grid = (table.shape[0], HQ)
+    _fwd_kernel[grid](q, k, v, w, u, kt, m, G if G is not None else lse, o, lse, table, scale,
+                      HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
+                      DT=dt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
+                      **(launch or {}))
+    return o, lse
+

@@ -1,0 +1,237 @@
+"""The Triton path of PaTH attention as torch.library custom ops with autograd.
+
+    pathattn::path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
+        -> (o [B, T, HQ, Dv], lse [B, T, HQ] float32)
+    pathattn::path_attn_bwd(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size,
+                            seg) -> (dq, dk, dv, dw, dbeta, dg)
+
+w is [B, T, H, D] and beta [B, T, H], or with R reflections per token w [B, T, H, R, D] and
+beta [B, T, H, R] (dw and dbeta in the same shapes). Both have fake (meta) implementations,
+and the forward op has a registered autograd formula, so torch.compile traces through
+`path_attn_triton` without a graph break. The forward saves only the inputs, o and lse; the
+backward recomputes the UT quantities (FlashAttention-style recomputation, O(T) memory).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton.language as tl
+
+from ...common.heads import default_scale
+from ...common.layout import token_bounds
+from ..gates import sequence_cumsum
+from ..stages import single_reflection
+from ..validation import check_path_attn_inputs
+from ._common import block_table, interpreting, tile_kwargs
+from .bwd import bwd_scan
+from .config import device_launch_config
+from .fwd import fwd_scan
+from .ut import ut_bwd, ut_fwd
+
+__all__ = ["path_attn_triton", "run_kernels", "largest_block_size"]
+
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def largest_block_size(D: int, Dv: int | None = None, dtype: torch.dtype = torch.float32,
+                       device: torch.device | str = "cpu", reflections: int = 1) -> int:
+    """Block length BT the kernels use for head dims D, Dv, inputs of `dtype` on `device` and
+    `reflections` (R) reflections per token: the largest whose kernels fit the device's
+    shared memory (`config.launch_config`)."""
+    return device_launch_config(D, D if Dv is None else Dv, dtype, torch.device(device),
+                                reflections=reflections).BT
+
+
+def _check_block_size(block_size) -> None:
+    if (isinstance(block_size, bool) or not isinstance(block_size, int)
+            or block_size < 16 or block_size > 128 or block_size & (block_size - 1)):
+        raise ValueError("block_size must be None or a power of two in [16, 128] for "
+                         f"backend='triton', got {block_size!r}")
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, *F] -> contiguous [B * T, *F]."""
+    return x.reshape((-1,) + tuple(x.shape[2:])).contiguous()
+
+
+def _flat_reflections(w: torch.Tensor, beta: torch.Tensor):
+    """w [B, T, H, D] or [B, T, H, R, D], beta [B, T, H] or [B, T, H, R] -> contiguous
+    w [B * T * R, H, D] and beta [B * T * R, H], reflection r of token t in row t * R + r
+    (the kernels' layout: a block's reflections are consecutive rows of each head)."""
+    if w.ndim == 4:
+        return _flat(w), _flat(beta)
+    B, T, H, R, D = w.shape
+    return (w.transpose(2, 3).reshape(B * T * R, H, D),  # [B, T, R, H, D] rows
+            beta.transpose(2, 3).reshape(B * T * R, H))
+
+
+def _unflat_reflections(dw: torch.Tensor, dbeta: torch.Tensor, w: torch.Tensor,
+                        beta: torch.Tensor):
+    """Gradients [B * T * R, H, D] / [B * T * R, H] back to the shapes of w and beta."""
+    if w.ndim == 4:
+        return dw.view(w.shape), dbeta.view(beta.shape)
+    B, T, H, R, D = w.shape
+    return (dw.view(B, T, R, H, D).transpose(2, 3).contiguous(),  # [B, T, H, R, D]
+            dbeta.view(B, T, R, H).transpose(2, 3).contiguous())
+
+
+def _cumulative_gates(g, B, T, cu_seqlens):
+    """G [B * T, HQ] float64: per-sequence cumulative sum of the log forget gates (no sum
+    crosses a sequence, see `pathattn.ops.path.gates`)."""
+    start, end = token_bounds(B, T, cu_seqlens, g.device)
+    return sequence_cumsum(_flat(g).to(torch.float64), start, end,
+                           row_length=T if cu_seqlens is None else None).contiguous()
+
+
+def _gate_grad(dG, B, T, cu_seqlens):
+    """dL/dg [B * T, HQ] from dG = dL/dG [B * T, HQ] (`bwd.bwd_scan`):
+    dL/dg_t = sum of dL/dG_s over s >= t in t's sequence."""
+    start, end = token_bounds(B, T, cu_seqlens, dG.device)
+    return sequence_cumsum(dG.to(torch.float64), start, end, reverse=True,
+                           row_length=T if cu_seqlens is None else None)
+
+
+def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens):
+    """Block table, segment length (about sqrt of the blocks per sequence unless given),
+    float32 product precision, low-precision operand dtype, interpreter flag, and the launch
+    configuration (num_warps / num_stages per kernel) of this block size on q's device for
+    the reflections per token of w."""
+    table, n_max = block_table(B, T, cu_seqlens, block_size, q.device)
+    seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size,
+                               _reflections(w))
+    return table, seg, prec, _TL_DTYPE[q.dtype], interpreting(), cfg
+
+
+def _reflections(w: torch.Tensor) -> int:
+    """R: w [B, T, H, D] (1) or [B, T, H, R, D]."""
+    return 1 if w.ndim == 4 else w.shape[3]
+
+
+@torch.library.custom_op("pathattn::path_attn_fwd", mutates_args=())
+def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                  beta: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
+                  cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
+                  block_size: int, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T, HQ, D = q.shape
+    Dv = v.shape[-1]
+    table, seg, prec, dt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T, cu_seqlens)
+    tiles = tile_kwargs(D, Dv)
+    qf, kf, vf = (_flat(x) for x in (q, k, v))
+    wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
+    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, tiles["BD"], prec,
+                      cfg.launch_kwargs("ut_fwd"))
+    G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
+    o, lse = fwd_scan(qf, kf, vf, wf, u, kt, m, G, table, scale, block_size, tiles["BD"],
+                      tiles["BDV"], dt, prec, emulate, cfg.launch_kwargs("fwd"))
+    return o.view(B, T, HQ, Dv), lse.view(B, T, HQ)
+
+
+@path_attn_fwd.register_fake
+def _(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg):
+    B, T, HQ, _ = q.shape
+    return (q.new_empty(B, T, HQ, v.shape[-1]),
+            q.new_empty(B, T, HQ, dtype=torch.float32))
+
+
+@torch.library.custom_op("pathattn::path_attn_bwd", mutates_args=())
+def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  w: torch.Tensor, beta: torch.Tensor,
+                  g: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],  # noqa: UP045
+                  o: torch.Tensor, lse: torch.Tensor, scale: float, block_size: int,
+                  seg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     torch.Tensor, torch.Tensor]:
+    """Gradients of (q, k, v, w, beta, g); dg is an empty tensor when g is None."""
+    B, T, HQ, D = q.shape
+    H, Dv = k.shape[2], v.shape[-1]
+    table, seg, prec, dt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T, cu_seqlens)
+    tiles = tile_kwargs(D, Dv)
+    BD, BDV = tiles["BD"], tiles["BDV"]
+    qf, kf, vf = (_flat(x) for x in (q, k, v))
+    wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
+    dof = _flat(do)
+    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, BD, prec, cfg.launch_kwargs("ut_fwd"))
+    G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
+    lsef = _flat(lse)
+    delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
+    dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vf, wf, u, kt, m, G, dof, lsef, delta,
+                                              table, scale, seg, block_size, BD, BDV, dt,
+                                              prec, emulate, cfg.e_rows(BD),
+                                              cfg.launch_kwargs("bwd"),
+                                              cfg.launch_kwargs("seg"))
+    dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, dqt, dsd, dkt, du, dwp, table, scale,
+                               block_size, BD, prec, cfg.launch_kwargs("ut_bwd"))
+    dg = (q.new_empty(0) if g is None
+          else _gate_grad(dG, B, T, cu_seqlens).to(g.dtype).view(g.shape))
+    dw, dbeta = _unflat_reflections(dw, dbeta, w, beta)
+    return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv), dw, dbeta,
+            dg)
+
+
+@path_attn_bwd.register_fake
+def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size, seg):
+    dg = q.new_empty(0) if g is None else torch.empty_like(g)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
+            torch.empty_like(beta), dg)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, o, lse)
+    ctx.scale, ctx.block_size, ctx.seg = scale, block_size, seg
+    ctx.has_g = g is not None
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, w, beta, g, cu_seqlens, o, lse = ctx.saved_tensors
+    dq, dk, dv, dw, dbeta, dg = path_attn_bwd(do.contiguous(), q, k, v, w, beta, g, cu_seqlens,
+                                              o, lse, ctx.scale, ctx.block_size, ctx.seg)
+    return dq, dk, dv, dw, dbeta, (dg if ctx.has_g else None), None, None, None, None
+
+
+path_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def path_attn_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
+                     block_size=None, seg: int = 0) -> torch.Tensor:
+    """`pathattn.path_attn` on the Triton kernels (same arguments and result).
+
+    block_size: None (the largest block length whose kernels fit the device's shared memory,
+    see `pathattn.ops.path.triton.config`; with R > 1 reflections per token a shorter one, so
+    that a block's tile of reflections stays at most 64 rows) or a power of two in
+    [16, 128]; on a GPU a block size whose kernels do not fit raises a ValueError naming
+    the largest that does.
+    seg: blocks per segment of the backward's state recomputation (0: about sqrt of the
+    number of blocks); a tuning and testing knob, the result does not depend on it.
+    Inputs must be float32, bfloat16 or float16 (float64 stays on the PyTorch path).
+    """
+    check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
+    w, beta = single_reflection(w, beta)  # R = 1 runs as w [B, T, H, D]
+    if q.dtype == torch.float64:
+        raise ValueError("backend='triton' computes in float32: float64 inputs need "
+                         "backend='torch'")
+    B, T, HQ, D = q.shape
+    if B * T == 0:
+        if block_size is not None:
+            _check_block_size(block_size)
+        return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
+    return run_kernels(q, k, v, w, beta, g, default_scale(D, scale), cu_seqlens, block_size,
+                       seg)
+
+
+def run_kernels(q, k, v, w, beta, g, scale: float, cu_seqlens, block_size, seg: int = 0
+                ) -> torch.Tensor:
+    """The kernels on inputs already validated (the "triton" entry of
+    `pathattn.ops.path.backends`; `path_attn_triton` checks first): B * T > 0, float32 /
+    bfloat16 / float16, scale a float. Returns o [B, T, HQ, Dv]."""
+    if block_size is not None:
+        _check_block_size(block_size)
+    block_size = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device,
+                                      block_size, _reflections(w)).BT
+    o, _ = path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
+    return o
