@@ -8,7 +8,8 @@ times forward and forward + backward of
         (the RoPE / FlashAttention baseline; inputs in its [B, H, T, D] layout, untimed);
 * path: pathattn.path_attn(..., backend="triton") with forget gates off (and, with --gates,
         PaTH-FoX with gates);
-* fla:  fla.ops.path_attn.parallel_path_attn, when fla is importable,
+* fla:  fla.ops.path_attn.parallel_path_attn, when fla is importable, given the same op's
+        inputs in its conventions (w, beta float32, g / scale; `_attn_gpu.fla_inputs`),
 
 with CUDA events (warm-up, then the median of --repeats runs), and records each one's peak
 memory (torch.cuda.max_memory_allocated beyond the inputs). Prints a table with the ratios
@@ -22,102 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from _env import system_info  # benchmarks/ is on sys.path
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from pathattn import path_attn
-
-
-def _fla():
-    """fla's parallel_path_attn, or None when fla is not installed."""
-    try:
-        import fla.ops.path_attn as fla_path
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
-    fn = getattr(fla_path, "parallel_path_attn", None) or getattr(
-        fla_path, "parallel_path_attention", None)
-    if fn is None:
-        return None
-
-    def run(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        return out[0] if isinstance(out, tuple) else out  # (o, k_cache) in some versions
-
-    return run
-
-
-def _inputs(B, T, H, D, dtype, gates):
-    """PaTH inputs in [B, T, H, D] layout, the layer's way (unit w, beta in (0, 2))."""
-    dev = "cuda"
-    q, k, v = (torch.randn(B, T, H, D, device=dev, dtype=dtype) for _ in range(3))
-    w = F.normalize(torch.randn(B, T, H, D, device=dev, dtype=torch.float32), dim=-1).to(dtype)
-    beta = 2 * torch.rand(B, T, H, device=dev, dtype=torch.float32)
-    g = F.logsigmoid(torch.randn(B, T, H, device=dev) + 2) if gates else None
-    xs = [q, k, v, w, beta] + ([g] if gates else [])
-    return [x.requires_grad_() for x in xs]
-
-
-def _time(fn, repeats: int) -> float:
-    """Median milliseconds of fn() over `repeats` runs (CUDA events), after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _peak_mib(fn) -> float:
-    """Peak memory allocated by fn() beyond what was allocated before, in MiB."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def _candidates(B, T, H, D, dtype, gates, fla):
-    """name -> (forward fn, forward+backward fn)."""
-    xs = _inputs(B, T, H, D, dtype, gates)
-    do = torch.randn(B, T, H, D, device="cuda", dtype=dtype)
-    qs, ks, vs = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in xs[:3])
-    do_s = do.transpose(1, 2).contiguous()
-
-    def sdpa():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-
-    def path():
-        return path_attn(*xs, backend="triton")
-
-    out = {"sdpa": (sdpa, do_s), "path": (path, do)}
-    if fla is not None:
-        q, k, v, w, beta = xs[:5]
-        # fla scales its gate term by the softmax scale: pass g / scale for the same op
-        g_fla = None if not gates else (xs[5].detach() * D**0.5).requires_grad_()
-        out["fla"] = (lambda: fla(q, k, v, w, beta, g_fla, scale=D**-0.5), do)
-    fns = {}
-    for name, (f, dout) in out.items():
-        def fwd(f=f):
-            with torch.no_grad():
-                f()
-
-        def fwd_bwd(f=f, dout=dout):
-            f().backward(dout)
-
-        fns[name] = (fwd, fwd_bwd)
-    return fns
+from _attn_gpu import candidates, fla_kernel, peak_mib, time_ms  # benchmarks/ is on sys.path
+from _env import system_info
 
 
 def main(argv=None) -> int:
@@ -139,20 +50,21 @@ def main(argv=None) -> int:
     if args.quick:
         args.seq_lens, args.dims = [1024, 4096], [64]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    fla = _fla()
-    info = system_info() | {"gpu": torch.cuda.get_device_name(), "fla": fla is not None}
+    device = torch.device("cuda")
+    fla, fla_missing = fla_kernel()
+    info = system_info() | {"gpu": torch.cuda.get_device_name(), "fla": fla_missing or True}
     print(info)
     rows = []
     for D in args.dims:
         for T in args.seq_lens:
             B = max(1, args.tokens // T)
-            fns = _candidates(B, T, args.heads, D, dtype, args.gates, fla)
+            fns = candidates(B, T, args.heads, D, dtype, args.gates, device, fla)
             row = {"B": B, "T": T, "H": args.heads, "D": D}
-            for name, (fwd, fwd_bwd) in fns.items():
+            for name, c in fns.items():
                 try:
-                    row[f"{name}_fwd_ms"] = _time(fwd, args.repeats)
-                    row[f"{name}_fwdbwd_ms"] = _time(fwd_bwd, args.repeats)
-                    row[f"{name}_peak_mib"] = _peak_mib(fwd_bwd)
+                    row[f"{name}_fwd_ms"] = time_ms(c.fwd, args.repeats, device)
+                    row[f"{name}_fwdbwd_ms"] = time_ms(c.fwd_bwd, args.repeats, device)
+                    row[f"{name}_peak_mib"] = peak_mib(c.fwd_bwd, device)
                 except Exception as e:  # noqa: BLE001 - e.g. fla without D = 128 support
                     row[f"{name}_error"] = repr(e)[:200]
                 torch.cuda.empty_cache()

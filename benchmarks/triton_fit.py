@@ -22,6 +22,10 @@ listed, not a failure.
     python benchmarks/triton_fit.py --quick --reflections 2 --heads 64,128
     python benchmarks/triton_fit.py --table     # remeasure config.SHARED_BYTES (and
                                                 #   SHARED_BYTES_REFLECTIONS)
+    python benchmarks/triton_fit.py --report --jobs 2   # per kernel: registers, spills,
+        # shared memory, blocks per SM, atomics and fences in loops, MMA instructions per
+        # block pair (bf16, D 64 and 128, gates on and off, R 1 and 2, sm_90 and sm_80;
+        # `pathattn.ops.path.triton.inspect_kernels` defines each); --loops: every loop
 
 Shared memory is read after Triton's shared-memory allocation pass, which runs on the TTGIR
 at the start of the LLVM-IR stage: about 0.3 s per kernel instead of the 5-60 s the LLVM
@@ -37,13 +41,16 @@ import argparse
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 # The interpreter replaces kernels by Python functions: compile with it off.
 os.environ["TRITON_INTERPRET"] = "0"
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 from pathattn.ops.path.triton import fit  # noqa: E402
+from pathattn.ops.path.triton import inspect_kernels as ik  # noqa: E402
 
 _DT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -106,6 +113,89 @@ def _table(reflections: tuple[int, ...]) -> int:
     return 0
 
 
+REPORT = {"D": (64, 128), "dtypes": (torch.bfloat16,), "gates": (True, False),
+          "reflections": (1, 2)}
+
+
+def _inspect(config: tuple):
+    try:
+        return ik.inspect_kernel(*config), None
+    except Exception as e:  # reported with its configuration
+        return None, f"{type(e).__name__}: {str(e)[:500]}"
+
+
+def _atomics_cell(counts: dict) -> str:
+    by: dict = {}
+    for op, n in counts.items():
+        key = "{}.{}".format(*ik.atomic_order(op))
+        by[key] = by.get(key, 0) + n
+    return ", ".join(f"{n} {k}" for k, n in by.items()) or "-"
+
+
+_ON = {True: "on", False: "off"}
+
+
+def _loop_note(x) -> str:
+    inner = ", innermost" if x.innermost else ""
+    return (f"{x.loc or '?'} (depth {x.depth}{inner}, MMA own {x.mma_own}, "
+            f"static {x.mma_static})")
+
+
+def _missing(x) -> str:
+    return "?" if x is None else str(x)
+
+
+def _report_rows(reports: list, loops: bool) -> list[str]:
+    """One markdown table per kernel, a row per device and configuration."""
+    rows = []
+    for kernel in dict.fromkeys(r.config["kernel"] for r in reports):
+        rows += [f"\n**{kernel}**\n",
+                 "| arch | D | gates | R | BT | warps / stages | regs "
+                 "| spills B (LDL/STL in loops) | shared B "
+                 "| blocks/SM | atomics in loops | fences in loops PTX / SASS | MMA per pair "
+                 "/ total | pair loop |", "|" + "---|" * 14]
+        notes = []
+        for r in (r for r in reports if r.config["kernel"] == kernel):
+            c = r.config
+            mma = f"{r.mma_per_block_pair or '-'} / {r.mma_total}"
+            if (r.sass_mma_per_block_pair, r.sass_mma_total) not in (
+                    (None, None), (r.mma_per_block_pair, r.mma_total)):
+                mma += f" (SASS {r.sass_mma_per_block_pair or '-'} / {r.sass_mma_total})"
+            rows.append(
+                f"| sm_{r.capability} | {c['D']} | {_ON[c['gates']]} | {c['R']} "
+                f"| {c['BT']} | {r.num_warps} / {c['num_stages']} | {r.regs} "
+                f"| {r.spills} ({_missing(r.sass_local_in_loops)}) "
+                f"| {r.shared} | {r.blocks_per_sm} ({r.limiter}) "
+                f"| {_atomics_cell(r.atomics_in_loops)} "
+                f"| {r.fences_in_loops} / {r.sass_membar_gpu_in_loops} | {mma} "
+                f"| {r.pair_loop if r.mma_per_block_pair else '-'} |")
+            if loops:
+                where = f"sm_{r.capability} D={c['D']} gates {_ON[c['gates']]} R={c['R']}"
+                notes.append(f"- {where}: " + ("; ".join(map(_loop_note, r.loops)) or "no loop"))
+        rows += ["", "Loops:", *notes] if notes else []
+    return rows
+
+
+def _report(args, devices: tuple) -> int:
+    grid = dict(REPORT)
+    if args.heads is not None:
+        grid["D"] = tuple(int(d) for d in args.heads.split(","))
+    if args.reflections is not None:
+        grid["reflections"] = tuple(int(r) for r in args.reflections.split(","))
+    configs = ik.grid_configs(grid, devices)
+    t0 = time.time()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(_inspect, configs))
+    reports = [r for r, _ in results if r is not None]
+    print(f"Triton {triton.__version__}: kernels compiled for {', '.join(devices)} "
+          f"(bf16, {len(configs)} compilations, {time.time() - t0:.0f} s)")
+    print("\n".join(_report_rows(reports, args.loops)))
+    errors = [(c, e) for c, (_, e) in zip(configs, results, strict=True) if e is not None]
+    for (k, D, dtype, gates, device, R), e in errors:
+        print(f"\nDOES NOT COMPILE: {k} {device} D={D} {_DT[dtype]} gates={gates} R={R}: {e}")
+    return 1 if errors else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -119,7 +209,14 @@ def main(argv=None) -> int:
     p.add_argument("--table", action="store_true",
                    help="measure and print config.SHARED_BYTES / SHARED_BYTES_REFLECTIONS "
                         "instead (R in --reflections, default 1, 2, 4, 8)")
+    p.add_argument("--report", action="store_true",
+                   help="compile to cubin and print registers, spills, shared memory, blocks "
+                        "per SM, atomics and fences in loops, MMA per block pair per kernel")
+    p.add_argument("--loops", action="store_true", help="with --report: list every loop")
+    p.add_argument("--jobs", type=int, default=1, help="with --report: parallel compilations")
     args = p.parse_args(argv)
+    if args.report:
+        return _report(args, tuple(args.devices.split(",")))
     reflections = None if args.reflections is None else tuple(
         int(r) for r in args.reflections.split(","))
     if args.table:

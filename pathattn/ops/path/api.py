@@ -53,7 +53,8 @@ def _path_attn(q, k, v, w, beta, g, scale, cu_seqlens, block_size, backend):
     B, T, HQ, D = q.shape
     if B * T == 0:
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
-    (q, k, v, w, beta, g), bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens)
+    (q, k, v, w, beta, g), bad = isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens,
+                                                   clean=not impl.sanitizes)
     o = impl.attention(q, k, v, w, beta, g, default_scale(D, scale), cu_seqlens, block_size)
     return poison_rows(o, bad)
 

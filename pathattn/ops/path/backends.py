@@ -1,6 +1,7 @@
 """Backends of the PaTH attention op: a registry of name -> implementation, and the rule
 `backend="auto"` follows (docs/ops.md, "Backends and the auto rule"). Registered: "triton",
-"cpu", "torch", in auto priority order; a new backend is one `register_backend(Backend(...))`.
+"cpu", "torch", in auto priority order, and "fla" (fla-core's kernels, `pathattn.ops.path.fla`),
+named only; a new backend is one `register_backend(Backend(...))`.
 Every entry point that takes `backend=` resolves it here, once.
 """
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cpu
+from . import cpu, fla
 from . import triton as tr
 from .function import blockwise_attention, blockwise_fwd_keys
 
@@ -37,6 +38,9 @@ class Backend:
     reflections: whether it takes several reflections per token (w [B, T, H, R, D] with
         R > 1); a backend without is refused such inputs and "auto" passes over it. R = 1
         reaches every backend as w [B, T, H, D].
+    sanitizes: whether `attention` reads every non-finite entry of q, k, v, w, beta and g
+        as 0 itself; it then gets the inputs as they are (no cleaned copies) and the op
+        still sets the rows the definition makes non-finite to NaN.
     """
 
     name: str
@@ -45,6 +49,7 @@ class Backend:
     with_keys: Callable | None = None
     auto: Callable[[torch.Tensor], bool] = lambda q: True
     reflections: bool = False
+    sanitizes: bool = False
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -181,10 +186,12 @@ def _triton_attention(q, k, v, w, beta, g, scale, cu_seqlens, block_size):
 
 # auto takes Triton for CUDA tensors only (the interpreter is for tests)
 register_backend(Backend("triton", _triton_attention, _triton_refuses,
-                         auto=lambda q: q.is_cuda, reflections=True))
+                         auto=lambda q: q.is_cuda, reflections=True, sanitizes=True))
 _CPU_ATTN, _CPU_KEYS = _blockwise(kernels=True)
 register_backend(Backend("cpu", _CPU_ATTN, _cpu_refuses, with_keys=_CPU_KEYS,
                          reflections=True))
 _TORCH_ATTN, _TORCH_KEYS = _blockwise(kernels=False)
 register_backend(Backend("torch", _TORCH_ATTN, lambda q: None, with_keys=_TORCH_KEYS,
                          reflections=True))
+# optional: fla-core's kernels, for comparison; run only when named
+register_backend(Backend("fla", fla.attention, fla.refuses, auto=lambda q: False))

@@ -16,7 +16,9 @@ public ops set those rows to NaN after computing the rest from the cleaned input
 On the CPU the check is one sum over each input (a finite sum: every entry is finite) and
 the common all-finite case returns the inputs untouched; on other devices and under
 torch.compile the masks are built without reading anything back to the host (no
-synchronisation, no graph break).
+synchronisation, no graph break): one max-abs reduction per input. A backend whose kernels
+read every non-finite input entry as 0 themselves (`Backend.sanitizes`) is given the inputs
+as they are, so no input is copied.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ __all__ = ["isolate_nonfinite", "poison_rows", "poison_keys"]
 
 
 def _bad_rows(x: torch.Tensor, feature_dims: int) -> torch.Tensor:
-    """True where any entry of a token's features is non-finite: [B, T, H]."""
-    ok = torch.isfinite(x)
-    return ~(ok.flatten(-feature_dims).all(-1) if feature_dims else ok)
+    """True where any entry of a token's features is non-finite: [B, T, H]. One pass: the
+    largest |entry| is inf or NaN exactly when an entry is (NaN propagates through max)."""
+    if not feature_dims:
+        return ~torch.isfinite(x)
+    peak = torch.linalg.vector_norm(x.flatten(-feature_dims), ord=float("inf"), dim=-1)
+    return ~torch.isfinite(peak)
 
 
 def _kv_bad(k, v, w, beta) -> torch.Tensor:
@@ -51,12 +56,13 @@ def _surely_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum(dtype=acc)))
 
 
-def isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens):
+def isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens, clean: bool = True):
     """Clean inputs and the rows the definition makes non-finite.
 
     Shapes as `pathattn.path_attn`. Returns ((q, k, v, w, beta, g), rows) with rows
     [B, T, HQ] bool (True: the output row must be NaN), or rows None when every input is
-    finite (the inputs are then returned as they are).
+    finite (the inputs are then returned as they are). clean=False returns the inputs as
+    they are in every case (for kernels that read non-finite entries as 0).
     """
     inputs = (q, k, v, w, beta, g)
     if q.device.type == "cpu" and not torch.compiler.is_compiling() and all(
@@ -71,9 +77,11 @@ def isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens):
     seen = sequence_cumsum(bad.reshape(B * T, HQ).to(torch.int32), start, end,
                            row_length=T if cu_seqlens is None else None)
     rows = (seen > 0).view(B, T, HQ) | _bad_rows(q, 1)
-    clean = tuple(None if x is None else x.masked_fill(~torch.isfinite(x), 0)
-                  for x in inputs)
-    return clean, rows
+    if not clean:
+        return inputs, rows
+    cleaned = tuple(None if x is None else x.masked_fill(~torch.isfinite(x), 0)
+                    for x in inputs)
+    return cleaned, rows
 
 
 def poison_rows(o: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

@@ -162,13 +162,14 @@ def test_validation_names_w_and_beta(edit, match):
         path_attn(**_bad(**edit(base)))
 
 
-def test_every_backend_takes_reflections_and_one_without_is_refused(monkeypatch):
-    """The registered backends all declare R > 1; a backend that does not is refused by
-    name when asked for, and "auto" passes over it."""
+def test_builtin_backends_take_reflections_and_one_without_is_refused(monkeypatch):
+    """The built-in backends all declare R > 1 (the optional "fla" does not); a backend that
+    does not is refused by name when asked for, and "auto" passes over it."""
     from pathattn.ops.path import backends
-    from pathattn.ops.path.backends import Backend, backend_names, get_backend, select_backend
+    from pathattn.ops.path.backends import Backend, get_backend, select_backend
 
-    assert all(get_backend(name).reflections for name in backend_names())
+    assert all(get_backend(name).reflections for name in ("triton", "cpu", "torch"))
+    assert not get_backend("fla").reflections
     q = torch.empty(1, 1, 1, 16)
     single = Backend("single_only", attention=lambda *a: None, refuses=lambda q: None)
     monkeypatch.setattr(backends, "_REGISTRY", {"single_only": single, **backends._REGISTRY})

@@ -21,10 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...common.layout import sequence_bounds
-
 __all__ = ["block_table", "interpreting", "tile_kwargs", "reflection_tile", "device_fn",
-           "tile_offsets", "row_offsets", "e_offsets"]
+           "tile_offsets", "row_offsets", "e_offsets", "transition_dtype"]
 
 
 def interpreting() -> bool:
@@ -42,19 +40,38 @@ def device_fn(fn):
 
 def block_table(B: int, T: int, cu_seqlens: torch.Tensor | None, BT: int,
                 device: torch.device) -> tuple[torch.Tensor, int]:
-    """Blocks of BT tokens over the flattened batch.
+    """Blocks of BT tokens over the flattened batch, built on the device (no value is read
+    back to the host, so a call does not wait for the GPU).
 
     Returns (table, n_max): table int32 [NB, 3] with each block's first token, its
-    sequence's first token and one past its sequence's last token; n_max the largest number
-    of blocks of one sequence. Blocks of a sequence are consecutive rows, left to right.
+    sequence's first token and one past its sequence's last token, blocks of a sequence in
+    consecutive rows, left to right; n_max an upper bound of the blocks of one sequence.
+    With cu_seqlens, NB is an upper bound too, cdiv(B * T, BT) + N: the rows past the last
+    block are empty (all three 0), and the kernels skip them.
     """
-    starts, ends = sequence_bounds(B, T, cu_seqlens)
-    n_blocks = (ends - starts + BT - 1) // BT  # [N_seq]
-    seq = torch.repeat_interleave(torch.arange(len(n_blocks)), n_blocks)  # [NB]
-    local = torch.arange(len(seq)) - (n_blocks.cumsum(0) - n_blocks)[seq]  # [NB]
-    table = torch.stack([starts[seq] + local * BT, starts[seq], ends[seq]], dim=1)  # [NB, 3]
-    n_max = int(n_blocks.max()) if len(n_blocks) else 0
-    return table.to(device=device, dtype=torch.int32), n_max
+    if cu_seqlens is None:
+        nb = -(-T // BT)
+        blk = torch.arange(B * nb, device=device)
+        s0 = blk // nb * T
+        table = torch.stack([s0 + blk % nb * BT, s0, s0 + T], dim=1)  # [NB, 3]
+        return table.to(torch.int32), nb
+    cu = cu_seqlens.to(device=device, dtype=torch.int64)
+    n_blocks = (cu[1:] - cu[:-1] + BT - 1) // BT  # [N_seq]
+    ends = n_blocks.cumsum(0)  # one past each sequence's last table row
+    rows = -(-(B * T) // BT) + n_blocks.shape[0]
+    blk = torch.arange(rows, device=device)
+    seq = torch.searchsorted(ends, blk, right=True).clamp_(max=n_blocks.shape[0] - 1)
+    s0, s1 = cu[seq], cu[seq + 1]
+    table = torch.stack([s0 + (blk - ends[seq] + n_blocks[seq]) * BT, s0, s1], dim=1)
+    table = torch.where((blk < ends[-1])[:, None], table, 0)  # [NB, 3]
+    return table.to(torch.int32), -(-(B * T) // BT)
+
+
+def transition_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Operand dtype of the products with the transitions (W, U and the states they move):
+    float16 for 16-bit inputs (its 10-bit mantissa; |w| <= 1 keeps W and U in range),
+    float32 for float32 inputs."""
+    return torch.float32 if dtype == torch.float32 else torch.float16
 
 
 def tile_kwargs(D: int, Dv: int) -> dict:
@@ -94,8 +111,28 @@ def e_offsets(blk, h, H, rows, cols, BD: tl.constexpr):
 @device_fn
 def load_tile(ptr, rows, rmask, stride, col0, cols, cmask):
     """x[rows, col0 + cols] as float32 (zero where masked); stride is the row stride."""
+    return load_raw(ptr, rows, rmask, stride, col0, cols, cmask).to(tl.float32)
+
+
+@device_fn
+def finite_or_zero(x):
+    """x with every NaN and inf entry replaced by 0 (NaN fails the comparison too): the
+    kernels read the inputs' non-finite entries as 0 (`Backend.sanitizes`)."""
+    return tl.where(tl.abs(x) < float("inf"), x, 0.0)
+
+
+@device_fn
+def load_input(ptr, rows, rmask, stride, col0, cols, cmask):
+    """`load_raw` of an input of the op (q, k, v, w), its non-finite entries read as 0."""
+    return finite_or_zero(load_raw(ptr, rows, rmask, stride, col0, cols, cmask))
+
+
+@device_fn
+def load_raw(ptr, rows, rmask, stride, col0, cols, cmask):
+    """x[rows, col0 + cols] in x's own dtype (zero where masked): operands of 16-bit
+    products stay 16-bit."""
     offs = tile_offsets(rows, stride, col0, cols)
-    return tl.load(ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+    return tl.load(ptr + offs, mask=rmask[:, None] & cmask[None, :], other=0.0)
 
 
 @device_fn

@@ -21,7 +21,8 @@ more pass, and the extra memory is the E_c, O(T D^2 / BT).
 
 Gradients of key-side quantities (dV, dK~, the transition terms dU = -W x^T g and
 dW = -U g^T x of Pt = I - W^T U, one row per reflection, the gate terms) are accumulated
-with atomic adds into float32 buffers; dQ~ and the in-block dS go to per-query-head buffers
+with relaxed atomic adds into float32 buffers (products with 16-bit operands as in
+`fwd.py`); dQ~ and the in-block dS go to per-query-head buffers
 that `ut.ut_bwd` turns into dq, dk, dw, dbeta.
 
 Gates: logit(i, j) holds G_i - G_j, so dL/dG_t = rowsum_t(dS) - colsum_t(dS). The row sum
@@ -42,8 +43,7 @@ from ._common import (
     device_fn,
     e_offsets,
     full_block_reflections,
-    load_tile,
-    mm,
+    load_raw,
     mm_lp,
     reflection_tile,
     row_offsets,
@@ -55,15 +55,17 @@ __all__ = ["segment_products", "bwd_scan"]
 
 
 @triton.jit
-def _seg_kernel(w_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
+def _seg_kernel(wt_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
                 BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr,
-                BTR: tl.constexpr):
+                BTR: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
     blk = tl.program_id(0)
     h = tl.program_id(1)
     r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
     t0 = tl.load(table_ptr + blk * 3)
     s0 = tl.load(table_ptr + blk * 3 + 1)
     s1 = tl.load(table_ptr + blk * 3 + 2)
+    if t0 >= s1:  # an empty row of the table
+        return
     c = (t0 - s0) // BT
     last = (s1 - s0 + BT - 1) // BT - 1
     e = tl.minimum((c // SEG + 1) * SEG - 1, last)
@@ -74,32 +76,32 @@ def _seg_kernel(w_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
     E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
     for i in range(0, e - c):  # blocks e, e-1, ..., c+1 (e may be partial)
         kr, kmask = block_reflections(s0 + (e - i) * BT, s1, BT, R, BTR)  # [BTR]
-        Wb = load_tile(w_ptr, kr, kmask, H * D, h * D, cols, cmask)
-        Ub = load_tile(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
-        E = E - mm(mm(E, tl.trans(Wb), PREC), Ub, PREC)
+        Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
+        Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
+        E = E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
     tl.store(e_ptr + e_offsets(blk, h, H, rr, cols, BD), E)
 
 
-def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str, R: int = 1,
-                     launch: dict | None = None) -> torch.Tensor:
-    """E [NB, H, BD, BD] float32 (see the module docstring) from w, u [N * R, H, D] (R
-    reflections per token); one program per block, head and group of min(BD, BT) rows of
-    E."""
+def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str, tdt, emulate: bool,
+                     R: int = 1, launch: dict | None = None) -> torch.Tensor:
+    """E [NB, H, BD, BD] (see the module docstring) in u's dtype, the transitions' operand
+    dtype (tdt its triton dtype), from w, u [N * R, H, D] (R reflections per token); one
+    program per block, head and group of min(BD, BT) rows of E."""
     H, D = w.shape[1], w.shape[2]
     BR = min(BD, BT)
-    e = torch.empty(table.shape[0], H, BD, BD, dtype=torch.float32, device=w.device)
+    e = torch.empty(table.shape[0], H, BD, BD, dtype=u.dtype, device=w.device)
     _seg_kernel[(table.shape[0], H, BD // BR)](w, u, e, table, H, D, seg, BT=BT, BD=BD, BR=BR,
                                                PREC=prec, R=R, BTR=reflection_tile(BT, R),
-                                               **(launch or {}))
+                                               TDT=tdt, EMULATE=emulate, **(launch or {}))
     return e
 
 
 @device_fn
 def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr,
-                     w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H,
+                     wt_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H,
                      D, DV, cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
-                     DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
-                     R: tl.constexpr, BTR: tl.constexpr):
+                     DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
+                     EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
     """One step of the left-to-right walk: query state x = x^(c) against key block c;
     returns the adjoint g^(c) from g = g^(c-1), and drow [BT] plus the row sums of this
     tile's dS (with gates; the keys' column sums go to dgate_ptr)."""
@@ -108,44 +110,52 @@ def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt
     S, Kt = key_block_logits(x, kt_ptr, g_ptr, kr, t0, tc, hq, h, gq, HQ, H, D, cols, cmask,
                              HAS_G, DT, PREC, EMULATE)
     P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
-    Vb = load_tile(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
-    dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
+    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    # every atomic is relaxed: the sums need no ordering, only atomicity
     tl.atomic_add(tile_ptrs(dv_ptr, kr, H * DV, h * DV, vcols),
-                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :])
+                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :],
+                  sem="relaxed")
+    dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
     tl.atomic_add(tile_ptrs(dkt_ptr, kr, H * D, h * D, cols),
-                  mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :])
+                  mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :],
+                  sem="relaxed")
     if HAS_G:
-        tl.atomic_add(dgate_ptr + row_offsets(kr, HQ, hq), -tl.sum(dS, axis=0))
+        tl.atomic_add(dgate_ptr + row_offsets(kr, HQ, hq), -tl.sum(dS, axis=0),
+                      sem="relaxed")
         drow += tl.sum(dS, axis=1)
     if c > 0:  # Pt_c acted on x^(c) (g^(c-1) is zero for c == 0)
         wr, wmask = full_block_reflections(tc, BT, R, BTR)  # [BTR]
-        Wc = load_tile(w_ptr, wr, wmask, H * D, h * D, cols, cmask)
-        Uc = load_tile(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        Wc = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        Uc = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
         if BT * R == BTR:  # no padding rows
             amask = cmask[None, :]
         else:
             amask = wmask[:, None] & cmask[None, :]
+        wx = mm_lp(Wc, tl.trans(x), TDT, PREC, EMULATE)  # [BTR, BT]
         tl.atomic_add(tile_ptrs(du_ptr, wr, H * D, h * D, cols),
-                      -mm(mm(Wc, tl.trans(x), PREC), g, PREC), mask=amask)
+                      -mm_lp(wx, g, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
+        ug = mm_lp(Uc, tl.trans(g), TDT, PREC, EMULATE)  # one [BTR, BT] temporary at a time
         tl.atomic_add(tile_ptrs(dwp_ptr, wr, H * D, h * D, cols),
-                      -mm(mm(Uc, tl.trans(g), PREC), x, PREC), mask=amask)
-        g = g - mm(mm(g, tl.trans(Uc), PREC), Wc, PREC)
+                      -mm_lp(ug, x, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
+        g = g - mm_lp(tl.trans(ug), Wc, TDT, PREC, EMULATE)
     return g + mm_lp(dS, Kt, DT, PREC, EMULATE), drow
 
 
 @triton.jit
-def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, do_ptr,
+def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, do_ptr,
                 lse_ptr, delta_ptr, dqt_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                 dgate_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-                BK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
-                R: tl.constexpr, BTR: tl.constexpr):
+                BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
+                EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
     blk = tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // G
     t0 = tl.load(table_ptr + blk * 3)
     s0 = tl.load(table_ptr + blk * 3 + 1)
     s1 = tl.load(table_ptr + blk * 3 + 2)
+    if t0 >= s1:  # an empty row of the table
+        return
     cbt = tl.arange(0, BT)
     rows = t0 + cbt
     rmask = rows < s1
@@ -153,83 +163,85 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, 
     cmask = cols < D
     vcols = tl.arange(0, BDV)
     vmask = vcols < DV
-    xa, S, gq = query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
+    xa, S, gq = query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
                                   s1, hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC,
                                   R, BTR)
-    dO = load_tile(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
+    dO = load_raw(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
     lse = tl.load(lse_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
     delta = tl.load(delta_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
+    # the query block's own keys first, so that S is dead before the walk
+    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
+    V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
+    dS = P * (mm_lp(dO, tl.trans(V), DT, PREC, EMULATE) - delta[:, None])
+    tl.atomic_add(tile_ptrs(dv_ptr, rows, H * DV, h * DV, vcols),
+                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=rmask[:, None] & vmask[None, :],
+                  sem="relaxed")
+    tl.store(tile_ptrs(dsd_ptr, rows, HQ * BT, hq * BT, cbt), dS, mask=rmask[:, None])
+    drow = tl.sum(dS, axis=1)  # row sums of dS over the key blocks walked (gates)
+    dcol = tl.sum(dS, axis=0)  # this block's tokens' in-block column sums
     a = (t0 - s0) // BT  # local index of the query block
     sa = a // SEG  # its segment
     blk0 = blk - a  # table row of the sequence's first block
     g = tl.zeros([BT, BD], dtype=tl.float32)
-    drow = tl.zeros([BT], dtype=tl.float32)  # row sums of dS over the key blocks walked
     # state at the last block of segment sa - 1: x^(sa*SEG - 1)
     ytop = xa
     for i in range(0, a - sa * SEG):
-        ytop = apply_transition(ytop, w_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
-                                cmask, PREC, BT, R, BTR)
+        ytop = apply_transition(ytop, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
+                                cmask, PREC, BT, R, BTR, TDT, EMULATE)
     for sc in range(0, sa):  # earlier segments, left to right
         y = ytop
         for i in range(0, sa - 1 - sc):  # down to the last block of segment sc
             f = (sa - 1 - i) * SEG  # first block of segment sa - 1 - i
-            y = _times_e(y, e_ptr, blk0 + f, h, H, cols, BD, BK, PREC)
-            y = apply_transition(y, w_ptr, u_ptr, s0 + f * BT, h, H, D, cols, cmask, PREC,
-                                 BT, R, BTR)
+            y = _times_e(y, e_ptr, blk0 + f, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+            y = apply_transition(y, wt_ptr, u_ptr, s0 + f * BT, h, H, D, cols, cmask, PREC,
+                                 BT, R, BTR, TDT, EMULATE)
         for j in range(0, SEG):
             c = sc * SEG + j
-            x = _times_e(y, e_ptr, blk0 + c, h, H, cols, BD, BK, PREC)
+            x = _times_e(y, e_ptr, blk0 + c, h, H, cols, BD, BK, PREC, TDT, EMULATE)
             g, drow = _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta,
-                                       rmask, kt_ptr, v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr,
+                                       rmask, kt_ptr, v_ptr, wt_ptr, u_ptr, g_ptr, dv_ptr,
                                        dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
-                                       cols, cmask, vcols, vmask, HAS_G, BT, DT, PREC,
+                                       cols, cmask, vcols, vmask, HAS_G, BT, DT, TDT, PREC,
                                        EMULATE, R, BTR)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
         x = xa
         for i in range(0, a - 1 - c):
-            x = apply_transition(x, w_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
-                                 cmask, PREC, BT, R, BTR)
+            x = apply_transition(x, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
+                                 cmask, PREC, BT, R, BTR, TDT, EMULATE)
         g, drow = _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask,
-                                   kt_ptr, v_ptr, w_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr,
+                                   kt_ptr, v_ptr, wt_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr,
                                    du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask,
-                                   vcols, vmask, HAS_G, BT, DT, PREC, EMULATE, R, BTR)
-    # the query block's own keys
-    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
-    V = load_tile(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
-    dS = P * (mm_lp(dO, tl.trans(V), DT, PREC, EMULATE) - delta[:, None])
-    tl.atomic_add(tile_ptrs(dv_ptr, rows, H * DV, h * DV, vcols),
-                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=rmask[:, None] & vmask[None, :])
+                                   vcols, vmask, HAS_G, BT, DT, TDT, PREC, EMULATE, R, BTR)
     if HAS_G:  # dL/dG: this block's rows as queries, minus its tokens' in-block columns
-        drow += tl.sum(dS, axis=1)
-        tl.atomic_add(dgate_ptr + row_offsets(rows, HQ, hq), drow - tl.sum(dS, axis=0),
-                      mask=rmask)
+        tl.atomic_add(dgate_ptr + row_offsets(rows, HQ, hq), drow - dcol, mask=rmask,
+                      sem="relaxed")
     tl.store(tile_ptrs(dqt_ptr, rows, HQ * D, hq * D, cols), g,
              mask=rmask[:, None] & cmask[None, :])
-    tl.store(tile_ptrs(dsd_ptr, rows, HQ * BT, hq * BT, cbt), dS, mask=rmask[:, None])
 
 
 @device_fn
 def _times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
-             PREC: tl.constexpr):
+             PREC: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
     """y E for E of table row blk, head h ([BD, BD]), over BK rows of E at a time:
     y E = sum_k y[:, k] E[k, :], the column slice y[:, k] taken by a product with a 0/1
     selection matrix (exact: one nonzero term per output). A [BD, BD] float32 operand would
     need BD * BD * 4 bytes of shared memory (256 KiB at BD = 256)."""
     if BK == BD:
-        return mm(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), PREC)
+        return mm_lp(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), TDT, PREC,
+                     EMULATE)
     ck = tl.arange(0, BK)
     x = tl.zeros(y.shape, dtype=tl.float32)
     for k0 in range(0, BD, BK):
         sel = tl.where(cols[:, None] == k0 + ck[None, :], 1.0, 0.0)  # [BD, BK]
         Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
-        x += mm(mm(y, sel, PREC), Ek, PREC)
+        x += mm_lp(mm_lp(y, sel, TDT, PREC, EMULATE), Ek, TDT, PREC, EMULATE)
     return x
 
 
 def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: int, BT: int,
-             BD: int, BDV: int, dt, prec: str, emulate: bool, BK: int,
+             BD: int, BDV: int, dt, tdt, prec: str, emulate: bool, BK: int,
              launch: dict | None = None, seg_launch: dict | None = None):
-    """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv], lse and
+    """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv] (q's dtype), lse and
     delta = rowsum(dO * O) [N, HQ] (float32).
 
     Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
@@ -243,7 +255,7 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
     H, Dv = k.shape[1], v.shape[-1]
     R = w.shape[0] // max(N, 1)
     f32 = {"dtype": torch.float32, "device": q.device}
-    e = segment_products(w, u, table, seg, BT, BD, prec, R, seg_launch)
+    e = segment_products(w, u, table, seg, BT, BD, prec, tdt, emulate, R, seg_launch)
     dqt = torch.empty(N, HQ, D, **f32)
     dsd = torch.empty(N, HQ, BT, **f32)
     dv = torch.zeros(N, H, Dv, **f32)
@@ -253,6 +265,6 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
     _bwd_kernel[(table.shape[0], HQ)](
         q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, dsd, dv,
         dkt, du, dwp, dG if dG is not None else lse, table, scale, seg, HQ, H, D, Dv,
-        G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
-        EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
+        G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt, TDT=tdt,
+        PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
     return dqt, dsd, dv, dkt, du, dwp, dG

@@ -17,7 +17,9 @@ Stages of Triton's NVIDIA pipeline and what each one knows:
 and perform the shared-memory allocation (warp-group allocation, scf -> cf, inlining,
 allocation), and reads the module's `ttg.shared` attribute: the number `make_llir` stores as
 `metadata["shared"]` and the driver checks at launch (checked equal in `stage="cubin"`).
-`stage="cubin"` runs the whole pipeline and parses registers and spills from ptxas.
+`stage="cubin"` runs the whole pipeline and parses registers and spills from ptxas, and keeps
+the PTX and the cubin for `inspect_kernels` (atomics, loops, matrix-unit instructions,
+occupancy). `compile_jit` does the same for any `triton.jit` kernel.
 
 This module is imported only by tools and tests; it must run with TRITON_INTERPRET unset or 0
 (the interpreter replaces `triton.jit` kernels by Python functions that cannot be compiled).
@@ -28,7 +30,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton.language as tl
@@ -43,10 +45,11 @@ from triton.backends.nvidia.compiler import (
 from triton.compiler import ASTSource
 
 from . import bwd, fwd, ut
-from ._common import interpreting, reflection_tile, tile_kwargs
+from ._common import interpreting, reflection_tile, tile_kwargs, transition_dtype
 from .config import A100_SHARED, H100_SHARED, KERNELS, LaunchConfig, block_lengths, launch_config
 
-__all__ = ["DEVICES", "KernelFit", "check", "compile_kernel", "measure_shared_table"]
+__all__ = ["DEVICES", "Compiled", "KernelFit", "check", "compile_jit", "compile_kernel",
+           "measure_shared_table"]
 
 # name -> (compute capability, shared memory per block in bytes, opt-in maximum)
 DEVICES = {"sm_80": (80, A100_SHARED), "sm_90": (90, H100_SHARED)}
@@ -55,16 +58,18 @@ _KERNEL_FN = {"ut_fwd": ut._ut_fwd_kernel, "fwd": fwd._fwd_kernel, "seg": bwd._s
               "bwd": bwd._bwd_kernel, "ut_bwd": ut._ut_bwd_kernel}
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-# pointers holding the caller's dtype; every other pointer is a float32 work buffer
+# pointers holding the caller's dtype, and those in the transitions' operand dtype
+# (`_common.transition_dtype`); every other pointer is a float32 work buffer
 _INPUT_PTRS = {"q_ptr", "k_ptr", "v_ptr", "w_ptr", "beta_ptr", "do_ptr", "o_ptr", "dq_ptr",
-               "dk_ptr", "dw_ptr", "dbeta_ptr"}
+               "dk_ptr", "dw_ptr", "dbeta_ptr", "kt_ptr", "vc_ptr"}
+_TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr"}
 
 
 @dataclass(frozen=True)
 class KernelFit:
     """One compiled specialization: shared memory per program (bytes) and, after ptxas,
-    registers per thread and spill stores+loads (None when not compiled that far). R: the
-    reflections per token it was compiled for."""
+    registers per thread, spill stores+loads, the PTX and the cubin (None when not compiled
+    that far). R: the reflections per token it was compiled for."""
 
     kernel: str
     D: int
@@ -80,10 +85,24 @@ class KernelFit:
     regs: int | None = None
     spills: int | None = None
     R: int = 1
+    ptx: str | None = field(default=None, repr=False, compare=False)
+    cubin: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
     def fits(self) -> bool:
         return self.shared <= self.limit
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One ahead-of-time compilation: shared memory per program (bytes); after ptxas also
+    the PTX text, the cubin, registers per thread and spill bytes (stores + loads)."""
+
+    shared: int
+    ptx: str | None = None
+    cubin: bytes | None = None
+    regs: int | None = None
+    spills: int | None = None
 
 
 def _signature(fn, dtype: torch.dtype, gates: bool) -> tuple[dict, dict]:
@@ -98,7 +117,9 @@ def _signature(fn, dtype: torch.dtype, gates: bool) -> tuple[dict, dict]:
         elif name == "table_ptr":
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
-            sig[name] = "*" + (_TT[dtype] if name in _INPUT_PTRS else "fp32")
+            sig[name] = "*" + (_TT[dtype] if name in _INPUT_PTRS else
+                               _TT[transition_dtype(dtype)] if name in _TRANSITION_PTRS
+                               else "fp32")
         elif name == "scale":
             sig[name] = "fp32"
         else:
@@ -111,15 +132,18 @@ def _signature(fn, dtype: torch.dtype, gates: bool) -> tuple[dict, dict]:
 def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: int) -> dict:
     """The compile-time arguments the launcher passes (see `op.py` and the kernels' files)."""
     tiles = tile_kwargs(D, D)
-    prec = "ieee" if dtype == torch.float32 else "tf32"
-    c = {"BT": cfg.BT, "BD": tiles["BD"], "PREC": prec, "R": cfg.R,
-         "BTR": reflection_tile(cfg.BT, cfg.R)}
+    prec = "tf32x3" if dtype == torch.float32 else "tf32"
+    btr = reflection_tile(cfg.BT, cfg.R)
+    c = {"BT": cfg.BT, "BD": tiles["BD"], "PREC": prec, "R": cfg.R, "BTR": btr}
     if kernel in ("fwd", "bwd"):
-        c.update(G=G, HAS_G=gates, BDV=tiles["BDV"], DT=_TL[dtype], EMULATE=False)
+        c.update(G=G, HAS_G=gates, BDV=tiles["BDV"], DT=_TL[dtype],
+                 TDT=_TL[transition_dtype(dtype)], EMULATE=False)
     if kernel == "bwd":
         c.update(BK=cfg.e_rows(tiles["BD"]))
     elif kernel == "seg":
-        c.update(BR=min(tiles["BD"], cfg.BT))
+        c.update(BR=min(tiles["BD"], cfg.BT), TDT=_TL[transition_dtype(dtype)], EMULATE=False)
+    elif kernel == "ut_fwd":
+        c.update(LOG_BTR=btr.bit_length() - 1, BDV=tiles["BDV"])
     elif kernel == "ut_bwd":
         c.update(G=G)
     return c
@@ -138,19 +162,61 @@ def _shared_after_allocation(mod, capability: int, options) -> int:
     return mod.get_int_attr("ttg.shared") or 0
 
 
-def _ptxas_usage(ptx: str, arch: str, ptxas: str) -> tuple[int, int]:
-    """Registers and spill bytes (stores + loads) from `ptxas -v`."""
-
+def _ptxas(ptx: str, arch: str, ptxas: str) -> tuple[int, int, bytes]:
+    """Registers, spill bytes (stores + loads) from `ptxas -v`, and the cubin."""
     with tempfile.TemporaryDirectory() as tmp:
         src = f"{tmp}/k.ptx"
         with open(src, "w") as f:
             f.write(ptx)
         out = subprocess.run([ptxas, "-v", "--regAllocOptLevel=2", f"--gpu-name={arch}", src,
                               "-o", f"{tmp}/k.o"], capture_output=True, text=True, check=True)
+        with open(f"{tmp}/k.o", "rb") as f:
+            cubin = f.read()
     log = out.stderr + out.stdout
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    return regs, spills
+    return regs, spills, cubin
+
+
+def compile_jit(fn, signature: dict, constexprs: dict, capability: int, num_warps: int = 4,
+                num_stages: int = 1, stage: str = "shared", attrs: dict | None = None
+                ) -> Compiled:
+    """Compile a `triton.jit` kernel with argument types `signature` (name -> "*fp32", "i32",
+    "constexpr", ...) and compile-time values `constexprs` for sm_<capability>, to `stage`
+    "shared" (shared memory only) or "cubin" (also PTX, cubin, registers and spills)."""
+    if interpreting():
+        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    if stage not in ("shared", "cubin"):
+        raise ValueError(f"stage must be 'shared' or 'cubin', got {stage!r}")
+    src = ASTSource(fn, signature, constexprs, attrs or {})
+    target = GPUTarget("cuda", capability, 32)
+    backend = CUDABackend(target)
+    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages})
+    stage_fns: dict = {}
+    backend.add_stages(stage_fns, options, src.language)
+
+    def ttgir(metadata: dict):
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        mod = src.make_ir(target, options, backend.get_codegen_implementation(options),
+                          backend.get_module_map(), context)
+        return stage_fns["ttgir"](stage_fns["ttir"](mod, metadata), metadata)
+
+    shared = _shared_after_allocation(ttgir({"target": target, **options.__dict__}),
+                                      capability, options)
+    if stage == "shared":
+        return Compiled(shared)
+    # the allocation passes changed that module: the full pipeline starts afresh
+    metadata = {"target": target, **options.__dict__}
+    mod = ttgir(metadata)
+    ptx = stage_fns["ptx"](stage_fns["llir"](mod, metadata), metadata)
+    if metadata["shared"] != shared:  # the early estimate must be the launch-time number
+        raise RuntimeError(f"{fn.__name__}: shared memory {shared} after allocation but "
+                           f"{metadata['shared']} after make_llir")
+    regs, spills, cubin = _ptxas(ptx, sm_arch_from_capability(capability),
+                                 get_ptxas(capability).path)
+    return Compiled(shared, ptx, cubin, regs, spills)
 
 
 def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: LaunchConfig,
@@ -158,43 +224,18 @@ def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: La
                    num_stages: int | None = None) -> KernelFit:
     """Compile one kernel (head dims D = Dv, GQA group G) with the block size, reflections
     per token, num_warps and num_stages of `cfg` (num_stages overrides the latter) for
-    sm_<capability>, to `stage` "shared" (shared memory only) or "cubin" (also registers
-    and spills from ptxas)."""
-    if interpreting():
-        raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
+    sm_<capability>, to `stage` "shared" (shared memory only) or "cubin" (also registers,
+    spills, PTX and cubin)."""
     fn = _KERNEL_FN[kernel]
     warps, stages = cfg.launch(kernel)
     stages = stages if num_stages is None else num_stages
     sig, attrs = _signature(fn, dtype, gates)
-    src = ASTSource(fn, sig, _constexprs(kernel, D, dtype, gates, cfg, G), attrs)
-    target = GPUTarget("cuda", capability, 32)
-    backend = CUDABackend(target)
-    options = backend.parse_options({"num_warps": warps, "num_stages": stages})
-    stage_fns: dict = {}
-    backend.add_stages(stage_fns, options, src.language)
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    metadata = {"target": target, **options.__dict__}
-    mod = src.make_ir(target, options, backend.get_codegen_implementation(options),
-                      backend.get_module_map(), context)
-    mod = stage_fns["ttgir"](stage_fns["ttir"](mod, metadata), metadata)
-    common = {"kernel": kernel, "D": D, "dtype": dtype, "gates": gates, "BT": cfg.BT, "G": G,
-              "num_warps": warps, "num_stages": stages, "capability": capability,
-              "limit": cfg.shared_limit, "R": cfg.R}
-    if stage == "shared":
-        return KernelFit(shared=_shared_after_allocation(mod, capability, options), **common)
-    if stage != "cubin":
-        raise ValueError(f"stage must be 'shared' or 'cubin', got {stage!r}")
-    shared = compile_kernel(kernel, D, dtype, gates, cfg, capability, "shared", G,
-                            num_stages).shared
-    ptx = stage_fns["ptx"](stage_fns["llir"](mod, metadata), metadata)
-    if metadata["shared"] != shared:  # the early estimate must be the launch-time number
-        raise RuntimeError(f"{kernel}: shared memory {shared} after allocation but "
-                           f"{metadata['shared']} after make_llir")
-    regs, spills = _ptxas_usage(ptx, sm_arch_from_capability(capability),
-                                get_ptxas(capability).path)
-    return KernelFit(shared=shared, regs=regs, spills=spills, **common)
+    c = compile_jit(fn, sig, _constexprs(kernel, D, dtype, gates, cfg, G), capability, warps,
+                    stages, stage, attrs)
+    return KernelFit(kernel=kernel, D=D, dtype=dtype, gates=gates, BT=cfg.BT, G=G,
+                     num_warps=warps, num_stages=stages, capability=capability,
+                     shared=c.shared, limit=cfg.shared_limit, regs=c.regs, spills=c.spills,
+                     R=cfg.R, ptx=c.ptx, cubin=c.cubin)
 
 
 def launched_kernels(kernel: str) -> tuple[int, ...]:

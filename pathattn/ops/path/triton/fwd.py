@@ -8,7 +8,9 @@ blocks b = a-1, ..., 0 of its sequence right to left:
     x <- x Pt_b = x - (x W_b^T) U_b        (the query moves across block b)
 
 With R reflections per token W_b and U_b hold the block's BT * R reflections (`_common`);
-everything else has one row per token.
+everything else has one row per token. In the loop every product has 16-bit operands for
+16-bit inputs and float32 accumulation: the logits and P V in the inputs' dtype, the
+transition in float16 (`_common.transition_dtype`); the state x stays float32.
 
 Gate terms (PaTH-FoX): G is the per-sequence cumulative sum of g, kept in float64; the
 kernel adds (G_i - G_{a0}) + (G_{a0} - G_{b0}) - (G_j - G_{b0}) with a0, b0 the blocks'
@@ -28,6 +30,8 @@ from ._common import (
     block_reflections,
     device_fn,
     full_block_reflections,
+    load_input,
+    load_raw,
     load_tile,
     mm,
     mm_lp,
@@ -41,7 +45,7 @@ __all__ = ["fwd_scan"]
 
 
 @device_fn
-def query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0, s1, hq, h,
+def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0, s1, hq, h,
                       scale, HQ, H, D, cols, cmask, HAS_G: tl.constexpr, BT: tl.constexpr,
                       PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
     """Q~ (scaled), the masked in-block logits S [BT, BT] (gates included), and the
@@ -50,9 +54,9 @@ def query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
     formed in float64 and then cast (`pathattn.ops.path.gates`)."""
     cbt = tl.arange(0, BT)
     wrows, wmask = block_reflections(t0, s1, BT, R, BTR)
-    Q = load_tile(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask) * scale
-    W = load_tile(w_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
-    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
+    W = load_tile(wt_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
     U = load_tile(u_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
     M = load_tile(m_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)  # [BTR, BT]
     incl = cbt[:, None] >= reflection_tokens(R, BTR)[None, :]  # [BT, BTR]
@@ -72,9 +76,10 @@ def query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
 def key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols, cmask,
                      HAS_G: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
                      EMULATE: tl.constexpr):
-    """Logits [BT, BT] of the query state x against the full key block starting at tb."""
+    """Logits [BT, BT] of the query state x against the full key block starting at tb, and
+    its keys K~ (in the inputs' dtype DT, the operand dtype of the product)."""
     kmask = kr >= 0
-    Kt = load_tile(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
+    Kt = load_raw(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
         gk = tl.load(g_ptr + row_offsets(kr, HQ, hq), mask=kmask, other=0.0)
@@ -83,26 +88,32 @@ def key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols, cm
 
 
 @device_fn
-def apply_transition(x, w_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.constexpr,
-                     BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
-    """x Pt_b = x - (x W_b^T) U_b for the full block b starting at token tb."""
+def apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.constexpr,
+                     BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                     TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """x Pt_b = x - (x W_b^T) U_b for the full block b starting at token tb: operands in
+    TDT (`_common.transition_dtype`), float32 accumulation, x itself stays float32."""
     wr, wmask = full_block_reflections(tb, BT, R, BTR)
-    Wb = load_tile(w_ptr, wr, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
-    Ub = load_tile(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
-    return x - mm(mm(x, tl.trans(Wb), PREC), Ub, PREC)
+    Wb = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+    Ub = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+    xw = mm_lp(x, tl.trans(Wb), TDT, PREC, EMULATE)  # [BT, BTR]
+    return x - mm_lp(xw, Ub, TDT, PREC, EMULATE)
 
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, lse_ptr,
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, lse_ptr,
                 table_ptr, scale, HQ, H, D, DV, G: tl.constexpr, HAS_G: tl.constexpr,
                 BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr,
-                PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+                TDT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
+                BTR: tl.constexpr):
     blk = tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // G
     t0 = tl.load(table_ptr + blk * 3)
     s0 = tl.load(table_ptr + blk * 3 + 1)
     s1 = tl.load(table_ptr + blk * 3 + 2)
+    if t0 >= s1:  # an empty row of the table
+        return
     cbt = tl.arange(0, BT)
     rows = t0 + cbt
     rmask = rows < s1
@@ -110,13 +121,13 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, 
     cmask = cols < D
     vcols = tl.arange(0, BDV)
     vmask = vcols < DV
-    x, S, gq = query_block_start(q_ptr, k_ptr, w_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
+    x, S, gq = query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
                                  s1, hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC, R,
                                  BTR)
     m_i = tl.max(S, axis=1)
     P = tl.exp(S - m_i[:, None])
     l_i = tl.sum(P, axis=1)
-    V = load_tile(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
+    V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
     acc = mm_lp(P, V, DT, PREC, EMULATE)
     for ib in range(0, (t0 - s0) // BT):
         tb = t0 - (ib + 1) * BT
@@ -127,10 +138,11 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, 
         alpha = tl.exp(m_i - m_new)
         P = tl.exp(S - m_new[:, None])
         l_i = l_i * alpha + tl.sum(P, axis=1)
-        Vb = load_tile(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+        Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
         acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
         m_i = m_new
-        x = apply_transition(x, w_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR)
+        x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
+                             EMULATE)
     o = acc / l_i[:, None]
     tl.store(tile_ptrs(o_ptr, rows, HQ * DV, hq * DV, vcols), o,
              mask=rmask[:, None] & vmask[None, :])
@@ -138,10 +150,11 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, w_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, 
 
 
 def fwd_scan(q, k, v, w, u, kt, m, G, table, scale: float, BT: int, BD: int, BDV: int,
-             dt, prec: str, emulate: bool, launch: dict | None = None):
+             dt, tdt, prec: str, emulate: bool, launch: dict | None = None):
     """q [N, HQ, D]; k, kt [N, H, D]; v [N, H, Dv]; w, u [N * R, H, D] and m [N * R, H, BT]
-    (R reflections per token); G [N, HQ] float64 cumulative gates or None. Returns
-    o [N, HQ, Dv] (q's dtype) and lse [N, HQ] float32."""
+    (R reflections per token); G [N, HQ] float64 cumulative gates or None; dt, tdt the
+    triton dtypes of the inputs and of the transitions' operands. Returns o [N, HQ, Dv]
+    (q's dtype) and lse [N, HQ] float32."""
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
     R = w.shape[0] // max(N, 1)
@@ -150,7 +163,7 @@ def fwd_scan(q, k, v, w, u, kt, m, G, table, scale: float, BT: int, BD: int, BDV
     grid = (table.shape[0], HQ)
     _fwd_kernel[grid](q, k, v, w, u, kt, m, G if G is not None else lse, o, lse, table, scale,
                       HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
-                      DT=dt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
-                      **(launch or {}))
+                      DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R,
+                      BTR=reflection_tile(BT, R), **(launch or {}))
     return o, lse
 

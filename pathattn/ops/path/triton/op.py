@@ -1,15 +1,16 @@
 """The Triton path of PaTH attention as torch.library custom ops with autograd.
 
     pathattn::path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
-        -> (o [B, T, HQ, Dv], lse [B, T, HQ] float32)
-    pathattn::path_attn_bwd(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size,
-                            seg) -> (dq, dk, dv, dw, dbeta, dg)
+        -> (o [B, T, HQ, Dv], lse [B, T, HQ] float32, u, kt, m, x, wt, vc)
+    pathattn::path_attn_bwd(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, x, wt, vc,
+                            scale, block_size, seg) -> (dq, dk, dv, dw, dbeta, dg)
 
 w is [B, T, H, D] and beta [B, T, H], or with R reflections per token w [B, T, H, R, D] and
 beta [B, T, H, R] (dw and dbeta in the same shapes). Both have fake (meta) implementations,
 and the forward op has a registered autograd formula, so torch.compile traces through
-`path_attn_triton` without a graph break. The forward saves only the inputs, o and lse; the
-backward recomputes the UT quantities (FlashAttention-style recomputation, O(T) memory).
+`path_attn_triton` without a graph break. The forward saves the inputs, o, lse and the UT
+quantities (u, kt, m, the inverses x and the copies wt, vc that the scans read, all of
+`ut.ut_fwd`; O(T) memory), so the UT transform runs once per training step.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 from typing import Optional
 
 import torch
+import triton
 import triton.language as tl
 
 from ...common.heads import default_scale
@@ -25,7 +27,7 @@ from ...common.layout import token_bounds
 from ..gates import sequence_cumsum
 from ..stages import single_reflection
 from ..validation import check_path_attn_inputs
-from ._common import block_table, interpreting, tile_kwargs
+from ._common import block_table, interpreting, tile_kwargs, transition_dtype
 from .bwd import bwd_scan
 from .config import device_launch_config
 from .fwd import fwd_scan
@@ -80,9 +82,10 @@ def _unflat_reflections(dw: torch.Tensor, dbeta: torch.Tensor, w: torch.Tensor,
 
 def _cumulative_gates(g, B, T, cu_seqlens):
     """G [B * T, HQ] float64: per-sequence cumulative sum of the log forget gates (no sum
-    crosses a sequence, see `pathattn.ops.path.gates`)."""
+    crosses a sequence, see `pathattn.ops.path.gates`), non-finite gates read as 0."""
     start, end = token_bounds(B, T, cu_seqlens, g.device)
-    return sequence_cumsum(_flat(g).to(torch.float64), start, end,
+    g64 = torch.nan_to_num(_flat(g).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    return sequence_cumsum(g64, start, end,
                            row_length=T if cu_seqlens is None else None).contiguous()
 
 
@@ -96,15 +99,17 @@ def _gate_grad(dG, B, T, cu_seqlens):
 
 def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens):
     """Block table, segment length (about sqrt of the blocks per sequence unless given),
-    float32 product precision, low-precision operand dtype, interpreter flag, and the launch
-    configuration (num_warps / num_stages per kernel) of this block size on q's device for
-    the reflections per token of w."""
+    float32 product precision (3xTF32 for float32 inputs: tensor cores at about float32
+    accuracy), the triton dtypes of the inputs and of the transitions' operands,
+    interpreter flag, and the launch configuration (num_warps / num_stages per kernel) of
+    this block size on q's device for the reflections per token of w."""
     table, n_max = block_table(B, T, cu_seqlens, block_size, q.device)
     seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size,
                                _reflections(w))
-    return table, seg, prec, _TL_DTYPE[q.dtype], interpreting(), cfg
+    tdt = _TL_DTYPE[transition_dtype(q.dtype)]
+    return table, seg, prec, _TL_DTYPE[q.dtype], tdt, interpreting(), cfg
 
 
 def _reflections(w: torch.Tensor) -> int:
@@ -116,54 +121,70 @@ def _reflections(w: torch.Tensor) -> int:
 def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
                   beta: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
                   cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
-                  block_size: int, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  block_size: int, seg: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, T, HQ, D = q.shape
     Dv = v.shape[-1]
-    table, seg, prec, dt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T, cu_seqlens)
+    table, seg, prec, dt, tdt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T,
+                                                     cu_seqlens)
     tiles = tile_kwargs(D, Dv)
     qf, kf, vf = (_flat(x) for x in (q, k, v))
     wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
-    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, tiles["BD"], prec,
-                      cfg.launch_kwargs("ut_fwd"))
+    u, kt, m, xinv, wt, vc = ut_fwd(kf, vf, wf, bf, table, block_size, tiles["BD"],
+                                    tiles["BDV"], prec, transition_dtype(q.dtype),
+                                    cfg.launch_kwargs("ut_fwd"))
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
-    o, lse = fwd_scan(qf, kf, vf, wf, u, kt, m, G, table, scale, block_size, tiles["BD"],
-                      tiles["BDV"], dt, prec, emulate, cfg.launch_kwargs("fwd"))
-    return o.view(B, T, HQ, Dv), lse.view(B, T, HQ)
+    o, lse = fwd_scan(qf, kf, vc, wt, u, kt, m, G, table, scale, block_size, tiles["BD"],
+                      tiles["BDV"], dt, tdt, prec, emulate, cfg.launch_kwargs("fwd"))
+    return o.view(B, T, HQ, Dv), lse.view(B, T, HQ), u, kt, m, xinv, wt, vc
 
 
 @path_attn_fwd.register_fake
 def _(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg):
-    B, T, HQ, _ = q.shape
+    B, T, HQ, D = q.shape
+    H = k.shape[2]
+    NR = B * T * (1 if w.ndim == 4 else w.shape[3])
+    BTR = triton.next_power_of_2(block_size * (1 if w.ndim == 4 else w.shape[3]))
     return (q.new_empty(B, T, HQ, v.shape[-1]),
-            q.new_empty(B, T, HQ, dtype=torch.float32))
+            q.new_empty(B, T, HQ, dtype=torch.float32),
+            q.new_empty(NR, H, D, dtype=transition_dtype(q.dtype)),
+            q.new_empty(B * T, H, D),
+            q.new_empty(NR, H, block_size, dtype=torch.float32),
+            q.new_empty(NR, H, BTR, dtype=torch.float32),
+            q.new_empty(NR, H, D, dtype=transition_dtype(q.dtype)),
+            v.new_empty(B * T, H, v.shape[-1]))
 
 
 @torch.library.custom_op("pathattn::path_attn_bwd", mutates_args=())
 def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   w: torch.Tensor, beta: torch.Tensor,
                   g: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],  # noqa: UP045
-                  o: torch.Tensor, lse: torch.Tensor, scale: float, block_size: int,
+                  o: torch.Tensor, lse: torch.Tensor, u: torch.Tensor, kt: torch.Tensor,
+                  m: torch.Tensor, xinv: torch.Tensor, wt: torch.Tensor, vc: torch.Tensor,
+                  scale: float, block_size: int,
                   seg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                      torch.Tensor, torch.Tensor]:
-    """Gradients of (q, k, v, w, beta, g); dg is an empty tensor when g is None."""
+    """Gradients of (q, k, v, w, beta, g) from the forward's outputs and UT quantities; dg
+    is an empty tensor when g is None."""
     B, T, HQ, D = q.shape
     H, Dv = k.shape[2], v.shape[-1]
-    table, seg, prec, dt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T, cu_seqlens)
+    table, seg, prec, dt, tdt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T,
+                                                     cu_seqlens)
     tiles = tile_kwargs(D, Dv)
     BD, BDV = tiles["BD"], tiles["BDV"]
-    qf, kf, vf = (_flat(x) for x in (q, k, v))
+    qf, kf = _flat(q), _flat(k)
     wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
     dof = _flat(do)
-    u, kt, m = ut_fwd(kf, wf, bf, table, block_size, BD, prec, cfg.launch_kwargs("ut_fwd"))
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
     lsef = _flat(lse)
     delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
-    dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vf, wf, u, kt, m, G, dof, lsef, delta,
+    dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vc, wt, u, kt, m, G, dof, lsef, delta,
                                               table, scale, seg, block_size, BD, BDV, dt,
-                                              prec, emulate, cfg.e_rows(BD),
+                                              tdt, prec, emulate, cfg.e_rows(BD),
                                               cfg.launch_kwargs("bwd"),
                                               cfg.launch_kwargs("seg"))
-    dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, dqt, dsd, dkt, du, dwp, table, scale,
+    dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, xinv, dqt, dsd, dkt, du, dwp, table, scale,
                                block_size, BD, prec, cfg.launch_kwargs("ut_bwd"))
     dg = (q.new_empty(0) if g is None
           else _gate_grad(dG, B, T, cu_seqlens).to(g.dtype).view(g.shape))
@@ -173,7 +194,8 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 
 @path_attn_bwd.register_fake
-def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size, seg):
+def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, scale, block_size,
+      seg):
     dg = q.new_empty(0) if g is None else torch.empty_like(g)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
             torch.empty_like(beta), dg)
@@ -181,16 +203,15 @@ def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, scale, block_size, seg):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, o, lse)
+    ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, *output)  # o, lse, u, ..., vc
     ctx.scale, ctx.block_size, ctx.seg = scale, block_size, seg
     ctx.has_g = g is not None
 
 
-def _backward(ctx, do, dlse):
-    q, k, v, w, beta, g, cu_seqlens, o, lse = ctx.saved_tensors
+def _backward(ctx, do, *_):
+    q, k, v, w, beta, g, cu_seqlens, *saved = ctx.saved_tensors  # o, lse, u, kt, m, x, wt, vc
     dq, dk, dv, dw, dbeta, dg = path_attn_bwd(do.contiguous(), q, k, v, w, beta, g, cu_seqlens,
-                                              o, lse, ctx.scale, ctx.block_size, ctx.seg)
+                                              *saved, ctx.scale, ctx.block_size, ctx.seg)
     return dq, dk, dv, dw, dbeta, (dg if ctx.has_g else None), None, None, None, None
 
 
@@ -233,5 +254,5 @@ def run_kernels(q, k, v, w, beta, g, scale: float, cu_seqlens, block_size, seg: 
         _check_block_size(block_size)
     block_size = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device,
                                       block_size, _reflections(w)).BT
-    o, _ = path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
+    o = path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)[0]
     return o

@@ -17,8 +17,9 @@ l // R <= i (lower triangular for R = 1),
 The triangular matrices run over the block's BT * R reflections, the masks read each
 reflection's token; Q~, K~ and S have one row per token whatever R.
 
-`ut_fwd` stores U, K~ and M; the forward and backward scans rebuild Q~ and S from them.
-`ut_bwd` takes the gradients of Q~, S (per query head), K~ and of the transitions (as dU
+`ut_fwd` stores U, K~, M and the inverse X; the forward and backward scans rebuild Q~ and
+S from them, and `ut_bwd` reuses X (the transform runs once per training step). `ut_bwd`
+takes the gradients of Q~, S (per query head), K~ and of the transitions (as dU
 and a direct dW term) and returns dq, dk, dw, dbeta by the chain rule through the formulas
 above (dX = -X^T dX X^T for the inverse).
 """
@@ -32,6 +33,8 @@ import triton.language as tl
 from ._common import (
     block_reflections,
     device_fn,
+    finite_or_zero,
+    load_input,
     load_tile,
     mm,
     reflection_tile,
@@ -44,103 +47,131 @@ __all__ = ["ut_fwd", "ut_bwd"]
 
 
 @device_fn
-def _unit_lower_inverse(L, NR: tl.constexpr, BTR: tl.constexpr, PREC: tl.constexpr):
-    """(I + L)^{-1} for strictly lower L [BTR, BTR] whose rows from NR on are zero, by
-    forward substitution over rows: X_i = e_i - sum_{j < i} L_ij X_j (rows j < i are final
-    when row i is formed; the product of row i of L with X is a masked GEMM, the only
-    nonzero row being row i)."""
+def _unit_lower_inverse(L, BTR: tl.constexpr, LOG_BTR: tl.constexpr, PREC: tl.constexpr):
+    """(I + L)^{-1} for strictly lower L [BTR, BTR] by recursive 2 x 2 block inversion:
+    with X_s the inverses of the diagonal s x s blocks, every 2s x 2s diagonal block
+    [[A, 0], [C, B]] has the inverse X_2s = X_s - X_s C X_s (its lower-left block is
+    -B^-1 C A^-1), so log2(BTR) levels of two products give the inverse (O(BTR^3) work,
+    the stability of blocked forward substitution)."""
     r = tl.arange(0, BTR)
-    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, NR):
-        X -= tl.dot(tl.where(r[:, None] == i, L, 0.0), X, input_precision=PREC)
+    rb = r[:, None]
+    cb = r[None, :]
+    X = tl.where(rb == cb, 1.0, 0.0) - tl.where((rb // 2 == cb // 2) & (rb > cb), L, 0.0)
+    for i in tl.static_range(1, LOG_BTR):
+        lower_left = (rb >> i == (cb >> i) + 1) & ((rb >> i) % 2 == 1)
+        X -= mm(mm(X, tl.where(lower_left, L, 0.0), PREC), X, PREC)
     return X
 
 
 @device_fn
-def _block_ut(W, K, b, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
-              PREC: tl.constexpr):
-    """X, A, E = W W^T (all [BTR, BTR]) and N = later(W K^T) ([BTR, BT]) of one block."""
-    r = tl.arange(0, BTR)
-    strict = r[:, None] > r[None, :]
+def _block_products(W, K, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                    PREC: tl.constexpr):
+    """E = W W^T ([BTR, BTR]) and N = later(W K^T) ([BTR, BT]) of one block."""
     later = reflection_tokens(R, BTR)[:, None] > tl.arange(0, BT)[None, :]
     E = mm(W, tl.trans(W), PREC)
-    L = tl.where(strict, b[:, None] * E, 0.0)
-    X = _unit_lower_inverse(L, BT * R, BTR, PREC)
-    A = X * b[None, :]
     N = tl.where(later, mm(W, tl.trans(K), PREC), 0.0)
-    return X, A, N, E
+    return E, N
 
 
 @device_fn
 def _block_rows(table_ptr, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
-    """Token rows of this program's block and their mask, and the rows of its reflections
-    and their mask (`_common.block_reflections`)."""
+    """Token rows of this program's block and their mask, the rows of its reflections and
+    their mask (`_common.block_reflections`), and whether the table row is a block (rows
+    past the last block are empty: `_common.block_table`)."""
     blk = tl.program_id(0)
     t0 = tl.load(table_ptr + blk * 3)
     s1 = tl.load(table_ptr + blk * 3 + 2)
     rows = t0 + tl.arange(0, BT)
     wrows, wmask = block_reflections(t0, s1, BT, R, BTR)
-    return rows, rows < s1, wrows, wmask
+    return rows, rows < s1, wrows, wmask, t0 < s1
 
 
 @triton.jit
-def _ut_fwd_kernel(k_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, table_ptr, H, D,
-                   BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
-                   R: tl.constexpr, BTR: tl.constexpr):
+def _ut_fwd_kernel(k_ptr, v_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, x_ptr, wt_ptr, vc_ptr,
+                   table_ptr, H, D, DV, BT: tl.constexpr, BD: tl.constexpr,
+                   BDV: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                   LOG_BTR: tl.constexpr):
     h = tl.program_id(1)
-    rows, rmask, wrows, wmask = _block_rows(table_ptr, BT, R, BTR)
+    rows, rmask, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
+    if not live:
+        return
     cols = tl.arange(0, BD)
     cmask = cols < D
     cbt = tl.arange(0, BT)
-    W = load_tile(w_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
-    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
-    b = tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask, other=0.0).to(tl.float32)
-    X, A, N, E = _block_ut(W, K, b, BT, R, BTR, PREC)
+    cbr = tl.arange(0, BTR)
+    W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
+    b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
+                               other=0.0).to(tl.float32))
+    E, N = _block_products(W, K, BT, R, BTR, PREC)
+    strict = cbr[:, None] > cbr[None, :]
+    X = _unit_lower_inverse(tl.where(strict, b[:, None] * E, 0.0), BTR, LOG_BTR, PREC)
+    A = X * b[None, :]
     U = mm(A, W, PREC)  # [BTR, BD]
     M = mm(A, N, PREC)  # [BTR, BT]
     Kt = K - mm(tl.trans(M), W, PREC)
     wsmask = wmask[:, None] & cmask[None, :]
     tl.store(tile_ptrs(u_ptr, wrows, H * D, h * D, cols), U, mask=wsmask)
-    tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt,
-             mask=rmask[:, None] & cmask[None, :])
+    tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt, mask=rmask[:, None] & cmask[None, :])
     tl.store(tile_ptrs(m_ptr, wrows, H * BT, h * BT, cbt), M, mask=wmask[:, None])
+    tl.store(tile_ptrs(x_ptr, wrows, H * BTR, h * BTR, cbr), X, mask=wmask[:, None])
+    # w and v as the scans read them: finite, w in the transitions' operand dtype
+    tl.store(tile_ptrs(wt_ptr, wrows, H * D, h * D, cols), W, mask=wsmask)
+    vcols = tl.arange(0, BDV)
+    vmask = rmask[:, None] & (vcols < DV)[None, :]
+    V = load_input(v_ptr, rows, rmask, H * DV, h * DV, vcols, vcols < DV)
+    tl.store(tile_ptrs(vc_ptr, rows, H * DV, h * DV, vcols), V, mask=vmask)
 
 
-def ut_fwd(k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, table: torch.Tensor, BT: int,
-           BD: int, prec: str, launch: dict | None = None):
-    """k [N, H, D], w [N * R, H, D], beta [N * R, H] (R reflections per token, see
-    `_common`) -> U [N * R, H, D], K~ [N, H, D] and M [N * R, H, BT] (float32).
-    launch: num_warps / num_stages (`config.LaunchConfig.launch_kwargs`)."""
+def ut_fwd(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+           table: torch.Tensor, BT: int, BD: int, BDV: int, prec: str, tdt: torch.dtype,
+           launch: dict | None = None):
+    """k [N, H, D], v [N, H, Dv], w [N * R, H, D], beta [N * R, H] (R reflections per
+    token, see `_common`) -> U [N * R, H, D] in `tdt` (the transitions' operand dtype),
+    K~ [N, H, D] in k's dtype, M [N * R, H, BT] and the inverse X [N * R, H, BTR]
+    (float32; the backward reuses it), and the copies of w in `tdt` and of v that the scans
+    read (non-finite entries as 0). launch: num_warps / num_stages (`config.LaunchConfig`).
+    """
     N, H, D = k.shape
     R = w.shape[0] // max(N, 1)
-    u = torch.empty(N * R, H, D, dtype=torch.float32, device=k.device)
-    kt = torch.empty(N, H, D, dtype=torch.float32, device=k.device)
+    BTR = reflection_tile(BT, R)
+    u = torch.empty(N * R, H, D, dtype=tdt, device=k.device)
+    kt = torch.empty(N, H, D, dtype=k.dtype, device=k.device)
     m = torch.empty(N * R, H, BT, dtype=torch.float32, device=k.device)
-    _ut_fwd_kernel[(table.shape[0], H)](k, w, beta, u, kt, m, table, H, D, BT=BT, BD=BD,
-                                        PREC=prec, R=R, BTR=reflection_tile(BT, R),
+    x = torch.empty(N * R, H, BTR, dtype=torch.float32, device=k.device)
+    wt = torch.empty(N * R, H, D, dtype=tdt, device=k.device)
+    vc = torch.empty_like(v)
+    _ut_fwd_kernel[(table.shape[0], H)](k, v, w, beta, u, kt, m, x, wt, vc, table, H, D,
+                                        v.shape[-1], BT=BT, BD=BD, BDV=BDV, PREC=prec, R=R,
+                                        BTR=BTR, LOG_BTR=BTR.bit_length() - 1,
                                         **(launch or {}))
-    return u, kt, m
+    return u, kt, m, x, wt, vc
 
 
 @triton.jit
-def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_ptr, dwp_ptr,
-                   dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, table_ptr, scale, HQ, H, D,
+def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_ptr,
+                   dwp_ptr, dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, table_ptr, scale, HQ, H, D,
                    G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
                    R: tl.constexpr, BTR: tl.constexpr):
     h = tl.program_id(1)
-    rows, rmask, wrows, wmask = _block_rows(table_ptr, BT, R, BTR)
+    rows, rmask, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
+    if not live:
+        return
     cols = tl.arange(0, BD)
     cmask = cols < D
     cbt = tl.arange(0, BT)
+    cbr = tl.arange(0, BTR)
     tok = reflection_tokens(R, BTR)  # [BTR]
     incl = cbt[:, None] >= tok[None, :]  # [BT, BTR]
     later = tok[:, None] > cbt[None, :]  # [BTR, BT]
-    cbr = tl.arange(0, BTR)
     strict = cbr[:, None] > cbr[None, :]  # [BTR, BTR]
-    W = load_tile(w_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
-    K = load_tile(k_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
-    b = tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask, other=0.0).to(tl.float32)
-    X, A, N, E = _block_ut(W, K, b, BT, R, BTR, PREC)
+    W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
+    b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
+                               other=0.0).to(tl.float32))
+    E, N = _block_products(W, K, BT, R, BTR, PREC)
+    X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)  # the forward's
+    A = X * b[None, :]
     U = mm(A, W, PREC)  # [BTR, BD]
     M = mm(A, N, PREC)  # [BTR, BT]
     # gradients reaching U, M, K, W from K~ and the transitions (scan side)
@@ -153,7 +184,7 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_
     # query side, one query head of the group at a time
     for gi in range(G):
         hq = h * G + gi
-        Q = load_tile(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask) * scale
+        Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
         dQt = load_tile(dqt_ptr, rows, rmask, HQ * D, hq * D, cols, cmask)
         dS = load_tile(dsd_ptr, rows, rmask, HQ * BT, hq * BT, cbt, cbt < BT)
         QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)  # [BT, BTR]
@@ -188,12 +219,13 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_
     tl.store(dbeta_ptr + row_offsets(wrows, H, h), db, mask=wmask)
 
 
-def ut_bwd(q, k, w, beta, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
+def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
            prec: str, launch: dict | None = None):
     """Gradients of the UT inputs. q [N, HQ, D], k [N, H, D], w [N * R, H, D], beta
-    [N * R, H] (inputs, R reflections per token); dqt [N, HQ, D] and dsd [N, HQ, BT] the
-    gradients of Q~ and S per query head; dkt [N, H, D] that of K~, du and dwp [N * R, H, D]
-    those of U and the direct W term of the transitions (float32).
+    [N * R, H] (inputs, R reflections per token), x the forward's inverses (`ut_fwd`);
+    dqt [N, HQ, D] and dsd [N, HQ, BT] the gradients of Q~ and S per query head; dkt
+    [N, H, D] that of K~, du and dwp [N * R, H, D] those of U and the direct W term of the
+    transitions (float32).
 
     Returns dq, dk, dw, dbeta in the dtypes of q, k, w, beta.
     """
@@ -205,7 +237,7 @@ def ut_bwd(q, k, w, beta, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, 
     dw = torch.empty_like(w)
     dbeta = torch.empty_like(beta)
     _ut_bwd_kernel[(table.shape[0], H)](
-        q, k, w, beta, dqt, dsd, dkt, du, dwp, dq, dk, dw, dbeta, table, scale, HQ, H, D,
+        q, k, w, beta, x, dqt, dsd, dkt, du, dwp, dq, dk, dw, dbeta, table, scale, HQ, H, D,
         G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=reflection_tile(BT, R),
         **(launch or {}))
     return dq, dk, dw, dbeta

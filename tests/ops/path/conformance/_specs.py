@@ -42,6 +42,9 @@ class Limits:
 BLOCKWISE = Limits((1, 5, 16, 24, 100, 128), lambda c: 1 <= c <= MAX_BLOCK_SIZE)
 LIMITS = {
     "triton": Limits((16, 32, 64, 128), lambda c: c in (16, 32, 64, 128), max_head_dim=256),
+    # fla ignores block_size (it picks its own chunks); head dims 16, 32, 64, 128 only, so
+    # cases with other head dims fail for it where fla-core and a GPU are present
+    "fla": Limits((64,), lambda c: 1 <= c <= MAX_BLOCK_SIZE, max_head_dim=128),
 }
 
 

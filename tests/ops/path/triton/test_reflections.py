@@ -74,15 +74,15 @@ def test_one_reflection_as_5d_is_the_4d_op():
 
 @pytest.mark.parametrize("R", [1, 2, 3, 4, 8])
 def test_block_length_for_reflections(R):
-    """The default block length keeps a block's tile of reflections at most
-    MAX_REFLECTION_TILE rows (16 tokens at least), on GPUs (R measured for them) as in the
-    interpreter."""
+    """The default block length (bfloat16, D = 64) keeps a block's tile of reflections at
+    most MAX_REFLECTION_TILE rows (16 tokens at least), on GPUs (R measured for them) as in
+    the interpreter."""
     RP = padded_reflections(R)
     gpu = RP == 1 or RP in SHARED_BYTES_REFLECTIONS
     for limit, cap in ((None, (9, 0)),) + (((H100_SHARED, (9, 0)),) if gpu else ()):
-        BT = launch_config(64, 64, torch.float32, limit, capability=cap, reflections=R).BT
+        BT = launch_config(64, 64, torch.bfloat16, limit, capability=cap, reflections=R).BT
         assert BT * RP <= max(MAX_REFLECTION_TILE, 16 * RP)
-        assert R > 1 or BT == 64
+        assert R > 1 or BT == 64  # one reflection per token: the full 64-token block
 
 
 def test_unmeasured_reflections_refused_on_a_gpu():

@@ -1,0 +1,97 @@
+"""One-shot GPU check of PaTH attention, to run once before and once after a kernel change:
+about 9 minutes on an H100, every Triton compilation included.
+
+Sections, cheapest and most important first. Each one is guarded (an error is recorded and
+the run goes on), and after the global deadline (--budget seconds from the start) the ones
+left are recorded as skipped:
+
+  environment   GPU, torch / triton / fla versions, pathattn's git revision
+  first_call    seconds of the first forward + backward of path_attn(backend="triton") per
+                dtype at a small shape (compilation), each dtype in its own subprocess with
+                a timeout, the three side by side
+  correctness   relative errors of o and of every gradient against the float64 op, for the
+                Triton kernels, plain PyTorch at the same precision and fla
+  speed         forward and forward + backward ms of flash SDPA, fla and ours, ratios, peak
+                extra memory of forward + backward
+  profile       the top CUDA kernels of one forward + backward of ours and of fla's
+  lm_step       step seconds of a 760M PaTHLM per attention type, ratio to rope
+
+Results go to --out: gpu_check.json and gpu_check.md, both rewritten after every row, so a
+run cut short keeps what it measured. --quick runs fewer shapes; --cpu-smoke runs every
+section's plumbing at tiny sizes on the CPU (Triton's interpreter, SDPA's math backend, the
+"tiny" model preset, no CUDA profile). Triton compiles into a fresh cache folder
+(--triton-cache to reuse one), so the first calls are cold. benchmarks/README.md has the
+device command and how to read the output.
+
+    PYTHONPATH=. python benchmarks/gpu_check.py --out benchmarks/out/gpu_check
+    python benchmarks/gpu_check.py --cpu-smoke --out /tmp/gpu_check
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# torch, pathattn and triton are imported after the environment is set (TRITON_INTERPRET and
+# TRITON_CACHE_DIR must be set before triton is imported; pathattn imports it)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "gpu_check")
+    p.add_argument("--budget", type=float, default=500.0,
+                   help="seconds from the start after which the sections left are skipped")
+    p.add_argument("--quick", action="store_true", help="fewer shapes in every section")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="every section at tiny sizes on the CPU (checks the script runs)")
+    p.add_argument("--label", default="", help="a name for this run (e.g. before / after)")
+    p.add_argument("--sections", nargs="+", default=None, metavar="NAME",
+                   help="run only these sections (the others are recorded as not asked)")
+    p.add_argument("--triton-cache", type=Path, default=None,
+                   help="Triton cache folder to use (default: a fresh one, cold compiles)")
+    p.add_argument("--child-first-call", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def prepare_env(args: argparse.Namespace) -> Path | None:
+    """Set the variables triton reads at import; returns the cache folder made here (to be
+    deleted at the end), or None."""
+    if args.cpu_smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # the Triton kernels on the CPU interpreter
+        os.environ.setdefault("PATHATTN_CPU_KERNEL", "0")  # no C++ build in the smoke run
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH", "")
+    if root not in path.split(os.pathsep):  # the first-call subprocesses import pathattn
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, path) if p)
+    if args.child_first_call is not None:
+        return None  # the parent's cache folder, inherited
+    if args.triton_cache is not None:
+        os.environ["TRITON_CACHE_DIR"] = str(args.triton_cache)
+        return None
+    made = Path(tempfile.mkdtemp(prefix="gpu_check_triton_"))
+    os.environ["TRITON_CACHE_DIR"] = str(made)
+    return made
+
+
+def main(argv=None) -> int:
+    start = time.time()
+    args = parse_args(argv)
+    made = prepare_env(args)
+    import _gpu_sections as sections  # benchmarks/ is on sys.path; imports torch
+
+    if args.child_first_call is not None:
+        return sections.child_first_call(args)
+    try:
+        return sections.run(args, start)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""`benchmarks/gpu_check.py --cpu-smoke` runs every section's plumbing at tiny sizes on the
+CPU (Triton's interpreter, SDPA's math backend, the "tiny" model preset): one run in a
+subprocess, then its JSON and markdown are checked section by section.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # one run of ~40 s on 2 cores, shared by the tests below
+SECTIONS = ("environment", "first_call", "correctness", "speed", "profile", "lm_step")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[dict, str]:
+    """(gpu_check.json, gpu_check.md) of one --cpu-smoke run."""
+    out = tmp_path_factory.mktemp("gpu_check")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PATHATTN_CPU_KERNEL": "0",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--cpu-smoke", "--out",
+                          str(out), "--label", "smoke"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
+
+
+def _positive(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+def _rows(smoke, name: str) -> list[dict]:
+    return smoke[0]["sections"][name]["rows"]
+
+
+def test_every_section_ran(smoke):
+    data, md = smoke
+    assert data["meta"]["finished"] and data["meta"]["label"] == "smoke"
+    assert list(data["sections"]) == list(SECTIONS)
+    for name in SECTIONS:
+        sec = data["sections"][name]
+        assert sec["status"] == "ok", (name, sec.get("error"), sec.get("traceback"))
+        assert f"## {name}: ok" in md
+
+
+def test_environment(smoke):
+    info = smoke[0]["sections"]["environment"]["info"]
+    assert info["device"] == "cpu" and info["torch"] and info["TRITON_INTERPRET"] == "1"
+    assert info["fla"]  # a version, or "n/a: <why>"
+
+
+def test_first_call_per_dtype(smoke):
+    """The smoke plan runs one dtype's child process (the GPU plans run bf16, fp16, fp32)."""
+    rows = _rows(smoke, "first_call")
+    assert [r["dtype"] for r in rows] == ["fp32"]
+    for r in rows:
+        assert r["status"] == "ok" and _positive(r["first_s"]) and _positive(r["second_s"])
+
+
+def test_correctness_errors(smoke):
+    rows = _rows(smoke, "correctness")
+    cases = {(r["case"], r["dtype"]) for r in rows}
+    assert len(cases) == 3
+    for case, dtype in cases:
+        impls = {r["impl"]: r for r in rows if (r["case"], r["dtype"]) == (case, dtype)}
+        assert list(impls) == ["triton", "plain", "torch", "fla"]
+        for name in ("triton", "plain", "torch"):
+            errs = [impls[name][k] for k in ("o", "dq", "dk", "dv", "dw", "dbeta", "dg")]
+            assert all(isinstance(e, float) and 0 <= e < 0.1 for e in errs), (case, name)
+        assert isinstance(impls["triton"]["ok"], bool)
+        assert _positive(impls["triton"]["worst_vs_plain"])
+        if dtype == "fp32":
+            assert impls["triton"]["ok"], impls["triton"]
+        fla = impls["fla"]
+        assert fla.get("status", "").startswith("n/a") or isinstance(fla["o"], float)
+
+
+def test_speed_rows(smoke):
+    rows = _rows(smoke, "speed")
+    assert [r["gates"] for r in rows] == [True, False]
+    for r in rows:
+        for key in ("sdpa_fwd_ms", "sdpa_fwdbwd_ms", "path_fwd_ms", "path_fwdbwd_ms",
+                    "ours/sdpa_fwd", "ours/sdpa_fwdbwd"):
+            assert _positive(r[key]), (key, r)
+        assert r["fla_fwd_ms"] == "n/a" or _positive(r["fla_fwd_ms"])
+
+
+def test_profile_table(smoke):
+    sec = smoke[0]["sections"]["profile"]
+    path = [r for r in sec["rows"] if r["impl"] == "path"]
+    assert path[0]["status"] == "ok" and _positive(path[0]["self_ms_total"])
+    assert any(title.startswith("path") and "Name" in text for title, text in
+               sec["text"].items())
+    assert "```" in smoke[1]
+
+
+def test_lm_step_every_type(smoke):
+    rows = _rows(smoke, "lm_step")
+    assert [r["attn"] for r in rows] == ["rope", "path", "path_fox", "fox", "sba"]
+    for r in rows:
+        assert r["status"] == "ok" and _positive(r["step_s"]) and _positive(r["vs_rope"])
