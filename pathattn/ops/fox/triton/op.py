@@ -1,0 +1,145 @@
+"""The FoX kernels as torch.library custom ops with autograd.
+
+    pathattn::fox_fwd(q, k, v, g, cu_seqlens, scale, block_size)
+        -> (o [B, T, HQ, Dv], o_lo, lse [B * T, HQ] float32 (base 2), G [B * T, HQ] float64)
+    pathattn::fox_bwd(do, q, k, v, g, cu_seqlens, o, o_lo, lse, G, scale, block_size)
+        -> (dq, dk, dv, dg)
+
+o_lo: for 16-bit inputs o's rounding error [B * T, HQ, Dv] (`fwd.fox_forward`), else
+empty.
+
+Both have fake (meta) implementations and the forward a registered autograd formula, so
+torch.compile traces through `fox_attn_triton` without a graph break. The forward saves
+q, k, v, g, o, o_lo, lse and the cumulative gates G: O(T) memory.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...common.token_blocks import token_tile_table
+from ._common import TL_DTYPE, interpreting
+from .bwd import key_grads, query_grads
+from .config import launch_config, padded_dim
+from .fwd import fox_forward
+from .gates import sequence_cumsum
+
+__all__ = ["fox_attn_triton", "check_block_size"]
+
+
+def check_block_size(block_size) -> None:
+    """None or a power of two in [16, 128] (the kernels' tile length)."""
+    if block_size is None:
+        return
+    if (isinstance(block_size, bool) or not isinstance(block_size, int)
+            or not 16 <= block_size <= 128 or block_size & (block_size - 1)):
+        raise ValueError("block_size must be None or a power of two in [16, 128] for "
+                         f"backend='triton', got {block_size!r}")
+
+
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, *F] -> [B * T, *F], a view where the strides allow; last dim contiguous."""
+    x = x.reshape((-1,) + tuple(x.shape[2:]))
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+class _Launch:
+    """Tile tables, tile widths, dtypes and launch settings of one call; `table(kernel)`
+    builds each kernel's table once (kernels with the same tile length share it)."""
+
+    def __init__(self, q, v, cu_seqlens, block_size: int):
+        self.B, self.T = q.shape[:2]
+        self.q, self.cu_seqlens = q, cu_seqlens
+        self.cfg = launch_config(q.shape[-1], v.shape[-1], q.dtype, block_size or None)
+        self.tiles = {"BD": padded_dim(q.shape[-1]), "BDV": padded_dim(v.shape[-1]),
+                      "dt": TL_DTYPE[q.dtype], "emulate": interpreting(),
+                      "prec": "tf32x3" if q.dtype == torch.float32 else "tf32"}
+        self._tables: dict = {}
+
+    def table(self, kernel: str) -> torch.Tensor:
+        BT = self.cfg.tile(kernel)
+        if BT not in self._tables:
+            self._tables[BT] = token_tile_table(self.B, self.T, self.cu_seqlens, BT,
+                                                self.q.device)
+        return self._tables[BT]
+
+    def kwargs(self, kernel: str) -> dict:
+        """The launcher's keyword arguments for `kernel`."""
+        return {**self.tiles, "BT": self.cfg.tile(kernel), "launch": self.cfg.launch(kernel)}
+
+
+@torch.library.custom_op("pathattn::fox_fwd", mutates_args=())
+def fox_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+            cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
+            block_size: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, T, HQ, _ = q.shape
+    run = _Launch(q, v, cu_seqlens, block_size)
+    table = run.table("fwd")
+    G = sequence_cumsum(_tokens(g), table, run.cfg.tile("fwd"))  # [N, HQ] float64
+    o, o_lo, lse = fox_forward(_tokens(q), _tokens(k), _tokens(v), G, table, scale,
+                               **run.kwargs("fwd"))
+    return o.view(B, T, HQ, v.shape[-1]), o_lo, lse, G
+
+
+@fox_fwd.register_fake
+def _(q, k, v, g, cu_seqlens, scale, block_size):
+    B, T, HQ, _ = q.shape
+    N = B * T if q.dtype != torch.float32 else 0
+    return (q.new_empty(B, T, HQ, v.shape[-1]), q.new_empty(N, HQ, v.shape[-1]),
+            q.new_empty(B * T, HQ, dtype=torch.float32),
+            q.new_empty(B * T, HQ, dtype=torch.float64))
+
+
+@torch.library.custom_op("pathattn::fox_bwd", mutates_args=())
+def fox_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            g: torch.Tensor, cu_seqlens: Optional[torch.Tensor],  # noqa: UP045
+            o: torch.Tensor, o_lo: torch.Tensor, lse: torch.Tensor, G: torch.Tensor,
+            scale: float,
+            block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of (q, k, v, g) in their dtypes from the forward's o, o_lo, lse and G."""
+    run = _Launch(q, v, cu_seqlens, block_size)
+    qf, kf, vf, dof = _tokens(q), _tokens(k), _tokens(v), _tokens(do)
+    of = _tokens(o).float()  # [N, HQ, Dv]
+    if o_lo.numel():
+        of = of + o_lo.float()
+    delta = (dof.float() * of).sum(-1)  # [N, HQ]
+    dk, dv, dcol = key_grads(qf, kf, vf, G, dof, lse, delta, run.table("dkdv"), scale,
+                             **run.kwargs("dkdv"))
+    dq, drow = query_grads(qf, kf, vf, G, dof, lse, delta, run.table("dq"), scale,
+                           **run.kwargs("dq"))
+    # dL/dG_t = rowsum_t - colsum_t; dL/dg_t = its sum over s >= t of t's sequence
+    dg = sequence_cumsum(drow - dcol, run.table("dq"), run.cfg.tile("dq"), reverse=True)
+    return (dq.view(q.shape), dk.view(k.shape), dv.view(v.shape),
+            dg.to(g.dtype).view(g.shape))
+
+
+@fox_bwd.register_fake
+def _(do, q, k, v, g, cu_seqlens, o, o_lo, lse, G, scale, block_size):
+    return tuple(torch.empty_like(x) for x in (q, k, v, g))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, g, cu_seqlens, scale, block_size = inputs
+    ctx.save_for_backward(q, k, v, g, cu_seqlens, *output)  # o, o_lo, lse, G
+    ctx.scale, ctx.block_size = scale, block_size
+
+
+def _backward(ctx, do, *_):
+    q, k, v, g, cu_seqlens, *saved = ctx.saved_tensors  # o, o_lo, lse, G
+    dq, dk, dv, dg = fox_bwd(do, q, k, v, g, cu_seqlens, *saved, ctx.scale, ctx.block_size)
+    return dq, dk, dv, dg, None, None, None
+
+
+fox_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fox_attn_triton(q, k, v, g, scale: float, cu_seqlens, block_size) -> torch.Tensor:
+    """The kernels on validated inputs (B * T > 0; float32, bfloat16 or float16; scale
+    resolved): o [B, T, HQ, Dv] in q's dtype, differentiable in q, k, v and g. block_size
+    None takes each kernel's tile length from `config.launch_config`."""
+    check_block_size(block_size)
+    launch_config(q.shape[-1], v.shape[-1], q.dtype)  # head dims checked here
+    return fox_fwd(q, k, v, g, cu_seqlens, scale, block_size or 0)[0]

@@ -1,0 +1,81 @@
+"""The FoX kernels as compiled for sm_90 (H100), checked without a GPU: every kernel of a
+forward + backward at bfloat16, D = 64 and 128, with the launcher's tile lengths, warps and
+stages (`pathattn.ops.fox.triton.fit`) has no register spills, no atomics (none anywhere,
+so none in a loop), shared memory within the H100's limit, and at D = 64 at least two
+thread blocks per SM for the forward and both backward kernels.
+
+Compilation needs TRITON_INTERPRET unset, which the test session sets, so the kernels
+compile in two child processes, once per module (about 25 s on two idle cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # two ptxas runs of about 20 s (twice that on busy cores)
+
+ROOT = Path(__file__).resolve().parents[4]
+H100_SHARED = 232448  # bytes per block, opt-in maximum
+MIN_BLOCKS_PER_SM = 2
+ATTENTION = ("fwd", "dkdv", "dq")
+
+_CHILD = """
+import json, sys
+import torch
+from pathattn.ops.fox.triton.fit import specializations
+from pathattn.ops.path.triton.fit import compile_jit
+from pathattn.ops.path.triton.inspect_kernels import analyze, blocks_per_sm
+out = {}
+for D, names in json.loads(sys.argv[1]):
+    for s in specializations(D, torch.bfloat16):
+        if s.name not in names:
+            continue
+        c = compile_jit(s.fn, s.signature, s.constexprs, 90, s.num_warps, s.num_stages,
+                        "cubin", s.attrs)
+        blocks, limiter = blocks_per_sm(c.regs, s.num_warps, c.shared, 90)
+        a = analyze(c.ptx)
+        out[f"D{D}-{s.name}"] = {"regs": c.regs, "spills": c.spills, "shared": c.shared,
+                                 "blocks": blocks, "limiter": limiter,
+                                 "atomics": {**a["atomics_in_loops"],
+                                             **a["atomics_outside_loops"]},
+                                 "BT": s.constexprs["BT"], "warps": s.num_warps}
+print(json.dumps(out))
+"""
+# two children of about equal cost; the gate kernels do not depend on D
+JOBS = ([[64, ["fwd", "dkdv", "dq", "cumsum", "offset"]]], [[128, list(ATTENTION)]])
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(job)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=ROOT) for job in JOBS]
+    out = {}
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, f"compilation failed:\n{stderr[-4000:]}"
+        out.update(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_every_kernel_fits_an_h100(reports):
+    assert set(reports) == {f"D64-{k}" for k in ATTENTION + ("cumsum", "offset")} | {
+        f"D128-{k}" for k in ATTENTION}
+    bad = {k: r for k, r in reports.items()
+           if r["spills"] or r["atomics"] or r["shared"] > H100_SHARED}
+    assert not bad, f"spills, atomics or too much shared memory: {bad}"
+
+
+@pytest.mark.parametrize("kernel", ATTENTION)
+def test_two_blocks_per_sm_at_d64(reports, kernel):
+    r = reports[f"D64-{kernel}"]
+    assert r["blocks"] >= MIN_BLOCKS_PER_SM, f"{kernel}: {r}"
