@@ -12,8 +12,12 @@ Registered here:
 A new type is one layer module plus one `register_attention_type` call; the model, the
 Hugging Face adapter, the trainers and their command-line choices (`ATTN_TYPES`, a live
 view of the registry) pick it up from there. The layer must offer the interface of
-`PaTHAttention`: `forward(x, cu_seqlens)`, `prefill(x, attention_mask) -> (y, cache)` and
-`decode(x, cache)`, the cache with `__len__`, `reorder(index)` and `truncate(n)`.
+`PaTHAttention`: `forward(x, cu_seqlens)`, `prefill(x, attention_mask, history) -> (y,
+cache)`, `decode(x, cache, mask)` (a mask's zeros, anywhere, remove their tokens),
+`attention_weights(x, attention_mask)` and `step_attention_weights(x, cache, mask)`; the
+cache with `__len__`, `key_mask`, `min_len`, `reorder(index)` and `truncate(n)` (any n >=
+min_len; min_len 0 after a prefill with history). `tests/nn/test_layer_contract.py` checks
+every registered type against this contract.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ PaTH (paper section 2.2), PaTH-FoX, or a baseline (RoPE, FoX, stick-breaking), c
 
 (the paper's language models follow the LLaMA recipe, section 4 "Experimental setup").
 Training (`forward`, optionally packed with cu_seqlens), prompt processing (`prefill`) and
-incremental decoding (`decode`) are separate methods.
+incremental decoding (`decode`) are separate methods. A token with attention mask 0
+(anywhere in its row: left padding, right padding or a hole) is removed from its row in
+every path: no key, no transform, no position, as if it were deleted.
 
 Labels convention: `labels[b, t]` is the target of position t, already aligned (the
 next token for language modelling), -100 = not scored. This is the convention of
@@ -30,12 +32,13 @@ from torch.utils.checkpoint import checkpoint
 
 from ..nn.norm import RMSNorm
 from ..nn.path_attention import init_forget_gate_bias
+from ..ops.common.padding import MaskedRows
 from ..ops.common.validation import assert_in_graph
 from .attention_types import get_attention_type
 from .config import ModelConfig
 
-__all__ = ["PaTHLM", "DecoderTrunk", "ModelCache", "RMSNorm", "SwiGLU", "Block", "IGNORE_INDEX",
-           "check_ids"]
+__all__ = ["PaTHLM", "DecoderTrunk", "ModelCache", "RMSNorm", "SwiGLU", "Block", "Trace",
+           "IGNORE_INDEX", "check_ids"]
 
 IGNORE_INDEX = -100
 
@@ -60,7 +63,8 @@ def make_attention(config: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + Attn(RMSNorm(x)), then + SwiGLU(RMSNorm(.)). x [B, T, hidden]."""
+    """Pre-norm block: x + Attn(RMSNorm(x)), then + SwiGLU(RMSNorm(.)). x [B, T, hidden].
+    Masks and history as the attention layer's (`PaTHAttention`)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -74,25 +78,63 @@ class Block(nn.Module):
         x = x + self.attn(self.attn_norm(x), cu_seqlens)
         return x + self.mlp(self.mlp_norm(x))
 
-    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                history: bool = False):
         """-> (x [B, T, hidden], the attention layer's cache)."""
-        y, cache = self.attn.prefill(self.attn_norm(x), attention_mask)
+        y, cache = self.attn.prefill(self.attn_norm(x), attention_mask, history)
         x = x + y
         return x + self.mlp(self.mlp_norm(x)), cache
 
-    def decode(self, x: torch.Tensor, cache) -> torch.Tensor:
-        x = x + self.attn.decode(self.attn_norm(x), cache)
+    def decode(self, x: torch.Tensor, cache, mask: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        x = x + self.attn.decode(self.attn_norm(x), cache, mask)
         return x + self.mlp(self.mlp_norm(x))
+
+    def attention_weights(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                          cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention probabilities of this block's input x [B, T, hidden] (the layer's
+        `attention_weights`): [B, HQ, T, T]; packed sequences (cu_seqlens, B == 1) give the
+        block-diagonal matrix of each sequence's own."""
+        h = self.attn_norm(x)
+        if cu_seqlens is None:
+            return self.attn.attention_weights(h, attention_mask)
+        bounds = [int(c) for c in cu_seqlens.tolist()]
+        p = None
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            if b > a:
+                part = self.attn.attention_weights(h[:, a:b])  # [1, HQ, b - a, b - a]
+                if p is None:
+                    p = part.new_zeros(1, part.shape[1], x.shape[1], x.shape[1])
+                p[:, :, a:b, a:b] = part
+        return p
+
+    def step_attention_weights(self, x: torch.Tensor, cache, mask: torch.Tensor | None = None
+                               ) -> torch.Tensor:
+        """After `decode(x, cache, mask)` (x its input): [B, HQ, m, n]."""
+        return self.attn.step_attention_weights(self.attn_norm(x), cache, mask)
+
+
+class Trace:
+    """What one pass of the decoder records besides its output (Hugging Face's
+    output_hidden_states / output_attentions): `hidden_states`, the embeddings then every
+    block's output ([B, T, hidden] each), and `attentions`, every block's attention
+    probabilities ([B, HQ, T, n], the layer's exact path); each a list, or None when not
+    asked for."""
+
+    def __init__(self, hidden_states: bool = False, attentions: bool = False):
+        self.hidden_states = [] if hidden_states else None
+        self.attentions = [] if attentions else None
 
 
 class ModelCache:
     """Decode state of `PaTHLM`: one attention-layer cache per block (`layers`).
 
     `reorder(index)` selects batch rows in every layer (beam search); `truncate(n)` keeps the
-    first n positions in every layer, with the layer caches' limits (PaTH and FoX caches go
-    back to the start of the last decode step at most; RoPE and SBA caches anywhere). Every
-    layer has the same type and length, so an out-of-range n is rejected by the first layer
-    before any layer changes.
+    first n positions in every layer, n >= `min_len` (the layer caches' limits: PaTH and
+    FoX caches go back to the start of their pending window, or anywhere when prefilled with
+    history; RoPE and SBA caches anywhere). Every layer has the same type and length, so an
+    out-of-range n is rejected by the first layer before any layer changes. `key_mask`
+    [B, n]: False at masked positions.
     """
 
     def __init__(self, layers: list):
@@ -103,8 +145,17 @@ class ModelCache:
 
     @property
     def seq_len(self) -> int:
-        """Positions held (prompt length including left padding, plus decoded tokens)."""
+        """Positions held (prompt length including masked tokens, plus decoded tokens)."""
         return len(self)
+
+    @property
+    def key_mask(self) -> torch.Tensor:
+        return self.layers[0].key_mask
+
+    @property
+    def min_len(self) -> int:
+        """Smallest length `truncate` accepts."""
+        return max(cache.min_len for cache in self.layers)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Row b becomes old row index[b] (index [B'] int32 / int64), in place."""
@@ -160,39 +211,81 @@ def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> None:
 class DecoderTrunk:
     """The block stack of a decoder, shared by `PaTHLM` and the Hugging Face adapter
     (`pathattn.hf`). The host module has `embed_tokens` (nn.Embedding), `layers`
-    (ModuleList of `Block`), `norm` (RMSNorm) and `gradient_checkpointing` (bool). Each
-    method returns the final-normed hidden states [B, T, hidden]."""
+    (ModuleList of `Block`) and `norm` (RMSNorm). Each method takes the embeddings x
+    [B, T, hidden] and returns the final-normed hidden states [B, T, hidden]; `trace`
+    (a `Trace`) collects hidden states and attention probabilities on request."""
 
-    def _hidden(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+    def _run_block(self, block: Block, x: torch.Tensor, cu_seqlens: torch.Tensor | None
+                   ) -> torch.Tensor:
+        """One block of the training path (a host may checkpoint it)."""
+        return block(x, cu_seqlens)
+
+    def _hidden(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, trace: Trace | None = None
                 ) -> torch.Tensor:
-        """Training path: input_ids [B, T] (checked by the caller) -> [B, T, hidden]."""
-        x = self.embed_tokens(input_ids)  # [B, T, hidden]
-        for block in self.layers:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, cu_seqlens, use_reentrant=False)
-            else:
-                x = block(x, cu_seqlens)
-        return self.norm(x)
+        """Training path. attention_mask: None or bool [B, T] with zeros anywhere: the rows'
+        real tokens then run as packed sequences (`MaskedRows`), so every block runs its
+        training forward; outputs at masked positions are zero."""
+        rows = None
+        if attention_mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError("cu_seqlens and an attention_mask with zeros cannot be "
+                                 "combined: pack the sequences, or pad them, not both")
+            rows = MaskedRows(attention_mask)
+            x, cu_seqlens = rows.pack(x), rows.cu_seqlens  # [1, B * T, hidden]
 
-    def _prefill_hidden(self, input_ids: torch.Tensor,
-                        attention_mask: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, ModelCache]:
-        """Prompts [B, T] with optional left-padding mask [B, T] -> ([B, T, hidden], cache)."""
-        x = self.embed_tokens(input_ids)  # [B, T, hidden]
-        caches = []
+        def view(h: torch.Tensor) -> torch.Tensor:  # back to [B, T, ...]
+            return h if rows is None else rows.unpack(h)
+
+        if trace is not None and trace.hidden_states is not None:
+            trace.hidden_states.append(view(x))
         for block in self.layers:
-            x, cache = block.prefill(x, attention_mask)
+            x_in, x = x, self._run_block(block, x, cu_seqlens)
+            if trace is not None:
+                self._record(trace, view(x), lambda b=block, h=x_in: b.attention_weights(
+                    view(h), attention_mask, None if rows is not None else cu_seqlens))
+        return view(self.norm(x))
+
+    @staticmethod
+    def _record(trace: Trace | None, x: torch.Tensor, weights) -> None:
+        """After a block: its output x, and its attention probabilities (weights(), only
+        computed when asked for)."""
+        if trace is None:
+            return
+        if trace.attentions is not None:
+            trace.attentions.append(weights())
+        if trace.hidden_states is not None:
+            trace.hidden_states.append(x)
+
+    def _prefill_hidden(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                        history: bool = False, trace: Trace | None = None
+                        ) -> tuple[torch.Tensor, ModelCache]:
+        """Prompts x [B, T, hidden] with an optional mask [B, T] (zeros anywhere) ->
+        ([B, T, hidden], cache); history: the layers keep every position's raw inputs."""
+        caches = []
+        if trace is not None and trace.hidden_states is not None:
+            trace.hidden_states.append(x)
+        for block in self.layers:
+            x_in, (x, cache) = x, block.prefill(x, attention_mask, history)
             caches.append(cache)
+            self._record(trace, x, lambda b=block, h=x_in: b.attention_weights(
+                h, attention_mask))
         return self.norm(x), ModelCache(caches)
 
-    def _decode_hidden(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
-        """m new tokens [B, m] after `cache` (updated in place) -> [B, m, hidden]."""
+    def _decode_hidden(self, x: torch.Tensor, cache: ModelCache,
+                       mask: torch.Tensor | None = None, trace: Trace | None = None
+                       ) -> torch.Tensor:
+        """m new tokens x [B, m, hidden] after `cache` (updated in place) -> [B, m, hidden];
+        mask: None or [B, m] (0 = masked token)."""
         if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.layers):
             raise ValueError(f"cache must be the ModelCache of this model's prefill "
                              f"({len(self.layers)} layers), got {type(cache).__name__}")
-        x = self.embed_tokens(input_ids)  # [B, m, hidden]
+        if trace is not None and trace.hidden_states is not None:
+            trace.hidden_states.append(x)
         for block, layer_cache in zip(self.layers, cache.layers, strict=True):
-            x = block.decode(x, layer_cache)
+            x_in, x = x, block.decode(x, layer_cache, mask)
+            self._record(trace, x, lambda b=block, h=x_in, c=layer_cache:
+                         b.step_attention_weights(h, c, mask))
         return self.norm(x)
 
 
@@ -204,6 +297,12 @@ class PaTHLM(DecoderTrunk, nn.Module):
     Set `model.gradient_checkpointing = True` to recompute each block in the backward of
     `forward` (torch.utils.checkpoint, non-reentrant) instead of storing its activations.
     """
+
+    def _run_block(self, block: Block, x: torch.Tensor, cu_seqlens: torch.Tensor | None
+                   ) -> torch.Tensor:
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, x, cu_seqlens, use_reentrant=False)
+        return block(x, cu_seqlens)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -262,7 +361,7 @@ class PaTHLM(DecoderTrunk, nn.Module):
         check_ids("input_ids", input_ids, self.config.vocab_size)
         if labels is not None:
             _check_labels(labels, input_ids, self.config.vocab_size)
-        logits = self.lm_head(self._hidden(input_ids, cu_seqlens))  # [B, T, V]
+        logits = self.lm_head(self._hidden(self.embed_tokens(input_ids), cu_seqlens))
         loss = None
         if labels is not None:
             V = logits.shape[-1]
@@ -275,12 +374,12 @@ class PaTHLM(DecoderTrunk, nn.Module):
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, ModelCache]:
-        """Prompts input_ids [B, T]; attention_mask [B, T] (1 = token, 0 = left padding;
-        padding ids must still lie in [0, V)). Returns (logits [B, T, V], ModelCache): each
-        row's logits at its real positions equal `forward` on that prompt alone; logits at
-        padding positions are meaningless."""
+        """Prompts input_ids [B, T]; attention_mask [B, T] (1 = token, 0 = masked token,
+        anywhere, e.g. left padding; masked ids must still lie in [0, V)). Returns (logits
+        [B, T, V], ModelCache): each row's logits at its real positions equal `forward` on
+        its real tokens alone; logits at masked positions are meaningless."""
         check_ids("input_ids", input_ids, self.config.vocab_size)
-        hidden, cache = self._prefill_hidden(input_ids, attention_mask)
+        hidden, cache = self._prefill_hidden(self.embed_tokens(input_ids), attention_mask)
         return self.lm_head(hidden), cache  # [B, T, V]
 
     @torch.no_grad()
@@ -288,7 +387,7 @@ class PaTHLM(DecoderTrunk, nn.Module):
         """m >= 1 new tokens input_ids [B, m] after `cache` (updated in place). Returns
         logits [B, m, V]: the last m rows of `forward` on the whole sequence. No gradients."""
         check_ids("input_ids", input_ids, self.config.vocab_size)
-        return self.lm_head(self._decode_hidden(input_ids, cache))  # [B, m, V]
+        return self.lm_head(self._decode_hidden(self.embed_tokens(input_ids), cache))
 
     @torch.no_grad()
     def generate_greedy(self, input_ids: torch.Tensor, max_new_tokens: int,

@@ -18,7 +18,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
+from ..ops import (
+    PaTHCache,
+    fox_attn,
+    path_attn_prefill,
+    path_attn_step,
+    path_attn_weights,
+)
 from ..ops.common.heads import expand_kv_heads
 from ..ops.common.validation import batch_index
 from .path_attention import (
@@ -29,6 +35,7 @@ from .path_attention import (
     gate_dtype,
     init_forget_gate_bias,
     no_autocast,
+    step_mask,
 )
 from .rope import RotaryEmbedding
 
@@ -37,11 +44,14 @@ __all__ = ["RoPEAttention", "RoPECache", "FoXAttention"]
 
 class RoPECache:
     """KV cache of `RoPEAttention`: rotated keys k [B, H, n, D], values v [B, H, n, D] and
-    start [B] (first real position of each row; positions are counted from it).
-    `reorder(index)` selects rows; `truncate(n)` keeps the first n positions (any n)."""
+    key_mask [B, n] (bool, False at masked tokens: no key, no position). Positions count the
+    real tokens of each row. `reorder(index)` selects rows; `truncate(n)` keeps the first n
+    positions (any n)."""
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, start: torch.Tensor):
-        self.k, self.v, self.start = k, v, start
+    min_len = 0  # truncate goes anywhere
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor):
+        self.k, self.v, self.key_mask = k, v, key_mask
 
     def __len__(self) -> int:
         return self.k.shape[2]
@@ -50,19 +60,21 @@ class RoPECache:
     def seq_len(self) -> int:
         return self.k.shape[2]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [B, H, m, D] of the new tokens (k rotated)."""
+    def append(self, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> None:
+        """k, v [B, H, m, D] of the new tokens (k rotated); keep [B, m] bool."""
         self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.key_mask = torch.cat([self.key_mask, keep], dim=1)
 
     def reorder(self, index: torch.Tensor) -> None:
         index = batch_index(index, self.k.shape[0], self.k.device)
         self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-        self.start = self.start.index_select(0, index)
+        self.key_mask = self.key_mask.index_select(0, index)
 
     def truncate(self, new_len: int) -> None:
         if not 0 <= new_len <= len(self):
             raise ValueError(f"new_len={new_len} must lie in [0, {len(self)}]")
         self.k, self.v = self.k[:, :, :new_len], self.v[:, :, :new_len]
+        self.key_mask = self.key_mask[:, :new_len]
 
 
 class RoPEAttention(AttentionProjections):
@@ -107,33 +119,49 @@ class RoPEAttention(AttentionProjections):
         o = self._attend(q, k.transpose(1, 2), v.transpose(1, 2), allowed[None, None])
         return self.out(o)
 
-    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, RoPECache]:
-        """A prompt x [B, T, hidden]; attention_mask [B, T] (1 = token, 0 = left padding).
-        Returns (y [B, T, hidden], RoPECache); rows at padding positions are o_proj(0)."""
+    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                history: bool = False) -> tuple[torch.Tensor, RoPECache]:
+        """A prompt x [B, T, hidden]; attention_mask [B, T] (1 = token, 0 = masked token,
+        anywhere: no key, and positions count the real tokens only, as if it were deleted).
+        Returns (y [B, T, hidden], RoPECache); rows at masked positions are o_proj(0).
+        history: accepted for the common interface (this cache truncates anywhere)."""
         self.check_input(x)
         B, T, _ = x.shape
-        valid = check_attention_mask(x, attention_mask)  # [B, T] bool or None
-        if valid is None:
-            valid = torch.ones(B, T, dtype=torch.bool, device=x.device)
-        start = T - valid.sum(1)  # [B] left padding
+        valid = self._valid(x, attention_mask)  # [B, T]
+        q, k, v = self._rotated(x, valid)
         ar = torch.arange(T, device=x.device)
-        pos = (ar[None] - start[:, None]).clamp(min=0)  # [B, T]
-        q, k, v = self.qkv(x)
-        q, k = self.rope(q, pos), self.rope(k, pos)
         causal = ar[:, None] >= ar[None, :]  # [T, T]
-        # real keys only; a padding query sees itself so that its softmax is defined
+        # real keys only; a masked query sees itself so that its softmax is defined
         allowed = causal & (valid[:, None, :] | torch.eye(T, dtype=torch.bool,
                                                           device=x.device))  # [B, T, T]
         o = self._attend(q, k.transpose(1, 2), v.transpose(1, 2), allowed[:, None])
         o = o * valid[:, :, None, None].to(o.dtype)
-        cache = RoPECache(k.transpose(1, 2).detach(), v.transpose(1, 2).detach(), start)
+        cache = RoPECache(k.transpose(1, 2).detach(), v.transpose(1, 2).detach(), valid)
         return self.out(o), cache
 
+    @staticmethod
+    def _valid(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The mask [B, T] of x's tokens as bool (all True without one)."""
+        valid = check_attention_mask(x, mask)
+        return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if valid is None \
+            else valid
+
+    def _rotated(self, x: torch.Tensor, valid: torch.Tensor, before: torch.Tensor | None = None):
+        """q, k rotated at the positions of x's tokens (the real tokens before each, plus
+        before [B] when x follows a cache), and v."""
+        pos = valid.long().cumsum(1) - 1  # [B, T]
+        if before is not None:
+            pos = pos + before[:, None]
+        pos = pos.clamp(min=0)
+        q, k, v = self.qkv(x)
+        return self.rope(q, pos), self.rope(k, pos), v
+
     @torch.no_grad()
-    def decode(self, x: torch.Tensor, cache: RoPECache) -> torch.Tensor:
-        """m new tokens x [B, m, hidden] after the cache (updated in place).
-        Returns y [B, m, hidden] (m = 0: empty, the cache unchanged). No gradients."""
+    def decode(self, x: torch.Tensor, cache: RoPECache,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """m new tokens x [B, m, hidden] after the cache (updated in place); mask: None or
+        [B, m] 0 / 1 (0 = masked token). Returns y [B, m, hidden] (m = 0: empty, the cache
+        unchanged). No gradients."""
         self.check_input(x)
         if not isinstance(cache, RoPECache):
             raise ValueError(f"cache must be the RoPECache of prefill, got "
@@ -142,19 +170,55 @@ class RoPEAttention(AttentionProjections):
             return self.empty_output(x)
         B, m, _ = x.shape
         T0 = len(cache)
+        valid = self._valid(x, mask)
+        q, k, v = self._rotated(x, valid, cache.key_mask.sum(1))
+        cache.append(k.transpose(1, 2), v.transpose(1, 2), valid)
         ar = torch.arange(T0 + m, device=x.device)
-        pos = T0 + ar[None, :m] - cache.start[:, None]  # [B, m]
-        q, k, v = self.qkv(x)
-        q, k = self.rope(q, pos), self.rope(k, pos)
-        cache.append(k.transpose(1, 2), v.transpose(1, 2))
-        allowed = (ar[None, None, :] <= T0 + ar[None, :m, None]) & (
-            ar[None, None, :] >= cache.start[:, None, None])  # [B, m, T0 + m]
-        return self.out(self._attend(q, cache.k, cache.v, allowed[:, None]))
+        allowed = (ar[None, None, :] <= T0 + ar[None, :m, None]) & cache.key_mask[:, None, :]
+        allowed = allowed | (ar[None, None, :] == T0 + ar[None, :m, None])  # softmax defined
+        o = self._attend(q, cache.k, cache.v, allowed[:, None])  # [B, m, HQ, D]
+        return self.out(o * valid[:, :, None, None].to(o.dtype))
+
+    # ------------------------------------------------------------------ inspection
+
+    def _weights(self, q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor
+                 ) -> torch.Tensor:
+        """softmax(scale q k^T) in float64 for q [B, m, HQ, D] (the last m positions) and
+        rotated keys k [B, H, n, D]: [B, HQ, m, n], masked and later keys excluded."""
+        m, n = q.shape[1], k.shape[2]
+        kq = expand_kv_heads(k.to(torch.float64), self.num_heads // self.num_kv_heads)
+        s = (q.transpose(1, 2).to(torch.float64) @ kq.mT) * self.head_dim ** -0.5
+        allowed = torch.arange(n, device=q.device)[None, :] <= torch.arange(
+            n - m, n, device=q.device)[:, None]  # [m, n]
+        allowed = allowed[None, None] & key_mask[:, None, None, :]
+        return torch.nan_to_num(torch.softmax(s.masked_fill(~allowed, float("-inf")), -1))
+
+    def attention_weights(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+        """The attention probabilities of the prompt x [B, T, hidden] (attention_mask as in
+        `prefill`): [B, HQ, T, T], a plain softmax in float64 (O(T^2 * D) beside the
+        forward); rows of masked queries zero."""
+        self.check_input(x)
+        valid = self._valid(x, attention_mask)
+        q, k, _ = self._rotated(x, valid)
+        return self.weights_out(self._weights(q, k.transpose(1, 2), valid), x, valid)
+
+    def step_attention_weights(self, x: torch.Tensor, cache: RoPECache,
+                               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """After `decode(x, cache, mask)`: the probabilities of its m new queries over all n
+        positions, [B, HQ, m, n] (plain softmax in float64)."""
+        self.check_input(x)
+        m = x.shape[1]
+        valid = self._valid(x, mask)
+        q, _, _ = self._rotated(x, valid, cache.key_mask[:, :-m].sum(1))
+        p = self._weights(q, cache.k, cache.key_mask)
+        return self.weights_out(p, x, None if mask is None else step_mask(x, mask))
 
 
 class FoXAttention(AttentionProjections):
-    """Forgetting-Transformer attention (no position encoding besides the forget gates),
-    run as PaTH attention with identity transforms (w = 0, beta = 0).
+    """Forgetting-Transformer attention (no position encoding besides the forget gates).
+    Training runs `fox_attn` (gated FlashAttention kernels on CUDA, the PaTH op with
+    identity transforms w = 0, beta = 0 elsewhere); prefill and decode use the PaTH op.
 
     Args as `PaTHAttention` where meaningful: hidden_size, num_heads, num_kv_heads,
     head_dim, qk_norm, bias, norm_eps, o_bias. The forget-gate bias starts at U(1, 5) as
@@ -186,25 +250,28 @@ class FoXAttention(AttentionProjections):
         """Training path: x [B, T, hidden] -> [B, T, hidden]; cu_seqlens packs (B == 1)."""
         self.check_input(x)
         check_packing(x, cu_seqlens)
-        inputs = self.op_inputs(x)
+        q, k, v = self.qkv(x)
+        g = self.forget_gate(x)
         with no_autocast(x.device.type):
-            o = path_attn(*inputs, cu_seqlens=cu_seqlens)
+            o = fox_attn(q, k, v, g, cu_seqlens=cu_seqlens)
         return self.out(o)
 
-    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, PaTHCache]:
-        """A prompt x [B, T, hidden] (attention_mask [B, T]: 1 = token, 0 = left padding)
-        -> (y [B, T, hidden], PaTHCache)."""
+    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                history: bool = False) -> tuple[torch.Tensor, PaTHCache]:
+        """A prompt x [B, T, hidden] (attention_mask [B, T]: 1 = token, 0 = masked token,
+        anywhere) -> (y [B, T, hidden], PaTHCache); history as `PaTHAttention.prefill`."""
         self.check_input(x)
         inputs = self.op_inputs(x)
         with no_autocast(x.device.type):
-            o, cache = path_attn_prefill(*inputs, attention_mask=attention_mask)
+            o, cache = path_attn_prefill(*inputs, attention_mask=attention_mask,
+                                         history=history)
         return self.out(o), cache
 
     @torch.no_grad()
-    def decode(self, x: torch.Tensor, cache: PaTHCache) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, cache: PaTHCache,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
         """m new tokens x [B, m, hidden] after the cache (in place) -> [B, m, hidden]
-        (m = 0: empty, the cache unchanged)."""
+        (m = 0: empty, the cache unchanged); mask: None or [B, m] (0 = masked token)."""
         self.check_input(x)
         if not isinstance(cache, PaTHCache):
             raise ValueError(f"cache must be the PaTHCache of prefill, got "
@@ -213,5 +280,29 @@ class FoXAttention(AttentionProjections):
             return self.empty_output(x)
         inputs = self.op_inputs(x)
         with no_autocast(x.device.type):
-            o = path_attn_step(*inputs, state=cache)
+            o = path_attn_step(*inputs, state=cache, mask=step_mask(x, mask))
         return self.out(o)
+
+    # ------------------------------------------------------------------ inspection
+
+    def attention_weights(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+        """The attention probabilities of the prompt x [B, T, hidden]: [B, HQ, T, T], by the
+        float64 reference (`path_attn_weights` with identity transforms), rows of masked
+        queries zero. Cost: T sequential steps of O(T * HQ * D)."""
+        self.check_input(x)
+        mask = check_attention_mask(x, attention_mask)
+        q, k, _, w, beta, g = self.op_inputs(x)
+        if mask is not None:
+            g = g * mask[..., None]
+        return self.weights_out(path_attn_weights(q, k, w, beta, g, key_mask=mask), x, mask)
+
+    def step_attention_weights(self, x: torch.Tensor, cache: PaTHCache,
+                               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """After `decode(x, cache, mask)`: [B, HQ, m, n] by the float64 reference from the
+        cache's history (ValueError for a cache prefilled without history)."""
+        self.check_input(x)
+        hist = cache.history_inputs()
+        p = path_attn_weights(self.qkv(x)[0], hist.k, hist.w, hist.beta, hist.g,
+                              key_mask=cache.key_mask)
+        return self.weights_out(p, x, None if mask is None else step_mask(x, mask))

@@ -20,16 +20,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops import PaTHCache, path_attn, path_attn_prefill, path_attn_step
+from ..ops import path_attn, path_attn_prefill, path_attn_step, path_attn_weights
 from ..ops.common.padding import check_attention_mask as check_op_attention_mask
 from ..ops.common.validation import check_cu_seqlens
 from ..ops.path.backends import check_backend_name
 from .fused_projection import FusedProjection
+from .layer_cache import LayerCache
 from .norm import RMSNorm
 from .short_conv import ShortConv
 
 __all__ = ["PaTHAttention", "LayerCache", "AttentionProjections", "check_x", "strict_cap",
-           "round_toward_zero"]
+           "round_toward_zero", "step_mask"]
 
 
 def _positive_int(name: str, value) -> int:
@@ -123,8 +124,8 @@ def check_packing(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> None:
 
 def check_attention_mask(x: torch.Tensor, attention_mask: torch.Tensor | None
                          ) -> torch.Tensor | None:
-    """attention_mask [B, T] of 0 / 1 with padding on the left only -> bool [B, T], or None
-    when absent or without padding (the op's checks)."""
+    """attention_mask [B, T] of 0 / 1 (0 = masked token, anywhere) -> bool [B, T], or None
+    when absent or without zeros (the op's checks)."""
     return check_op_attention_mask(attention_mask, x.shape[0], x.shape[1], x.device)
 
 
@@ -192,56 +193,20 @@ class AttentionProjections(nn.Module):
         B, T = o.shape[:2]
         return self.o_proj(o.reshape(B, T, self.num_heads * self.head_dim))  # [B, T, hidden]
 
+    @staticmethod
+    def weights_out(p: torch.Tensor, x: torch.Tensor, keep: torch.Tensor | None
+                    ) -> torch.Tensor:
+        """Attention probabilities p [B, HQ, m, n] (float64) as a layer reports them: rows
+        of masked queries (keep [B, m] False) zero, in x's dtype promoted to float32."""
+        if keep is not None:
+            p = torch.where(keep[:, None, :, None], p, p.new_zeros(()))
+        return p.to(torch.promote_types(x.dtype, torch.float32))
 
-class LayerCache:
-    """Decode state of `PaTHAttention`: the `PaTHCache` of the attention op (`attn`) and the
-    short conv's last K-1 inputs per row (`conv_state` [B, K-1, H*D], zeros before a row's
-    start with left padding). `projection`: the layer's input projections stacked into one
-    matrix (`PaTHAttention.fused_projection`), built by the first decode step and used by
-    every later one, so that a generation runs on the weights its first step saw.
 
-    `reorder(index)` selects batch rows of both parts (beam search). `truncate(n)` goes back
-    to any length in [start of the last step, current length], as `PaTHCache.truncate`: the
-    inputs of the last step are kept for that, so the conv state can be rebuilt.
-    """
-
-    def __init__(self, attn: PaTHCache, conv_history: torch.Tensor, kernel_size: int):
-        self.attn = attn
-        self.projection: FusedProjection | None = None  # set by the first decode step
-        self._K1 = kernel_size - 1
-        self._hist = conv_history  # [B, K-1+m, C]: conv inputs ending at the current length
-        self._hist_start = len(attn) - (conv_history.shape[1] - self._K1)  # last step's start
-
-    def __len__(self) -> int:
-        return len(self.attn)
-
-    @property
-    def seq_len(self) -> int:
-        return len(self.attn)
-
-    @property
-    def conv_state(self) -> torch.Tensor:
-        """[B, K-1, C]: the last K-1 inputs of the short conv."""
-        return self._hist[:, self._hist.shape[1] - self._K1:]
-
-    def update(self, conv_history: torch.Tensor, start: int) -> None:
-        """After a step from length `start`: conv_history [B, K-1+m, C] = old state + inputs."""
-        self._hist, self._hist_start = conv_history, start
-
-    def reorder(self, index: torch.Tensor) -> None:
-        """Row b becomes old row index[b] (index [B'] int32 / int64) in both parts."""
-        self.attn.reorder(index)  # validates index
-        self._hist = self._hist.index_select(0, index.to(self._hist.device, torch.long))
-
-    def truncate(self, new_len: int) -> None:
-        """Keep the first new_len positions; new_len in [start of the last step, length]."""
-        if isinstance(new_len, bool) or not isinstance(new_len, numbers.Integral) or not (
-                self._hist_start <= new_len <= len(self)):
-            raise ValueError(f"new_len={new_len!r} is out of range: a LayerCache can only be "
-                             f"truncated to a length in [{self._hist_start}, {len(self)}] "
-                             "(back to the start of the last step at most)")
-        self.attn.truncate(int(new_len))
-        self._hist = self._hist[:, : self._K1 + int(new_len) - self._hist_start]
+def step_mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask [B, m] of a decode step's new tokens x [B, m, hidden] -> bool, or None when
+    absent or all ones (checked as an attention_mask)."""
+    return check_attention_mask(x, mask)
 
 
 class WholeSequence:
@@ -426,42 +391,83 @@ class PaTHAttention(AttentionProjections):
 
     # ----------------------------------------------------------------------- inference
 
-    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, LayerCache]:
-        """A prompt x [B, T, hidden]; attention_mask [B, T] (1 = token, 0 = left padding).
+    def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                history: bool = False) -> tuple[torch.Tensor, LayerCache]:
+        """A prompt x [B, T, hidden]; attention_mask [B, T] (1 = token, 0 = masked token,
+        anywhere: left padding or holes; a masked token is removed from its row).
 
-        Returns (y [B, T, hidden], cache): y equals `forward` on each row's tokens alone
-        (rows at padding positions are o_proj(0)); the cache feeds `decode`.
+        Returns (y [B, T, hidden], cache): y equals `forward` on each row's real tokens
+        alone (rows at masked positions are o_proj(0)); the cache feeds `decode`. history:
+        the cache keeps every position's raw inputs (memory about twice the key cache's):
+        it can then be truncated to any length and give `step_attention_weights`.
         """
         self.check_input(x)
-        check_attention_mask(x, attention_mask)
-        w_conv, conv_state = self.w_conv.prefill(self.w_proj(x), attention_mask)
+        mask = check_attention_mask(x, attention_mask)
+        u = self.w_proj(x)  # [B, T, H*R*D] conv inputs
+        w_conv, conv_state = self.w_conv.prefill(u, mask)
         inputs = self.op_inputs(x, w_conv)
         with no_autocast(x.device.type):
-            o, attn = path_attn_prefill(*inputs, attention_mask=attention_mask,
-                                        backend=self.backend)
-        return self.out(o), LayerCache(attn, conv_state, self.w_conv.kernel_size)
+            o, attn = path_attn_prefill(*inputs, attention_mask=mask, backend=self.backend,
+                                        history=history)
+        inputs_kept = None
+        if history:
+            inputs_kept = u.detach() if mask is None else u.detach() * mask[..., None]
+        return self.out(o), LayerCache(attn, conv_state, inputs_kept)
 
     @torch.no_grad()
-    def decode(self, x: torch.Tensor, cache: LayerCache) -> torch.Tensor:
-        """m new tokens x [B, m, hidden] after the cache (updated in place). Returns
-        y [B, m, hidden]: the last m rows of `forward` on the whole sequence (m = 0: empty,
-        the cache unchanged). No gradients. The first step stacks the input projections'
-        weights into `cache.projection`; later steps of this cache reuse them (a weight
-        change reaches the next cache, not this one)."""
+    def decode(self, x: torch.Tensor, cache: LayerCache,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """m new tokens x [B, m, hidden] after the cache (updated in place); mask: None or
+        [B, m] 0 / 1, 0 at masked tokens (removed, as in `prefill`). Returns y [B, m, hidden]:
+        the last m rows of `forward` on each row's real tokens (m = 0: empty, the cache
+        unchanged). No gradients. The first step stacks the input projections' weights into
+        `cache.projection`; later steps of this cache reuse them (a weight change reaches
+        the next cache, not this one)."""
         self.check_input(x)
         if not isinstance(cache, LayerCache):
             raise ValueError(f"cache must be the LayerCache of prefill, got "
                              f"{type(cache).__name__}")
         if x.shape[1] == 0:
             return self.empty_output(x)
+        keep = None if mask is None else step_mask(x, mask)
         if cache.projection is None:
             cache.projection = self.fused_projection()
-        start = len(cache)
         q, k, v, u, beta, g = self.step_inputs(x, cache.projection)
-        w_conv, hist = self.w_conv.step(u, cache.conv_state)
+        if keep is not None:
+            u = u * keep[..., None].to(u.dtype)
+        w_conv, hist = self.w_conv.step(u, cache.conv_state, keep)
         with no_autocast(x.device.type):
             o = path_attn_step(q, k, v, self.unit_w(w_conv, q.dtype), beta, g,
-                               state=cache.attn, backend=self.backend)
-        cache.update(hist, start)
+                               state=cache.attn, backend=self.backend, mask=keep)
+        cache.update(u, hist[:, hist.shape[1] - cache.conv_state.shape[1]:])
         return self.out(o)
+
+    # ------------------------------------------------------------------ inspection
+
+    def attention_weights(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+        """The attention probabilities of the prompt x [B, T, hidden] (attention_mask as in
+        `prefill`): [B, HQ, T, T], by the float64 reference (`path_attn_weights`) on the
+        op's inputs, rows of masked queries zero, in x's dtype promoted to float32. Cost:
+        T sequential steps of O(T * HQ * D) float64 work, beside the forward."""
+        self.check_input(x)
+        mask = check_attention_mask(x, attention_mask)
+        q, k, _, w, beta, g = self.op_inputs(x, self.w_conv.prefill(self.w_proj(x), mask)[0])
+        if mask is not None:  # masked tokens transform nothing
+            w, beta = w * mask.view(mask.shape + (1,) * (w.ndim - 2)), \
+                beta * mask.view(mask.shape + (1,) * (beta.ndim - 2))
+            g = None if g is None else g * mask[..., None]
+        p = path_attn_weights(q, k, w, beta, g, key_mask=mask)
+        return self.weights_out(p, x, mask)
+
+    def step_attention_weights(self, x: torch.Tensor, cache: LayerCache,
+                               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """After `decode(x, cache, mask)`: the probabilities of its m new queries over all n
+        positions, [B, HQ, m, n], by the float64 reference from the cache's history of raw
+        inputs (ValueError for a cache prefilled without history). Cost: n sequential steps
+        of O(m * HQ * D) float64 work."""
+        self.check_input(x)
+        hist = cache.attn.history_inputs()
+        q = self.qkv(x)[0]
+        p = path_attn_weights(q, hist.k, hist.w, hist.beta, hist.g, key_mask=cache.key_mask)
+        return self.weights_out(p, x, None if mask is None else step_mask(x, mask))

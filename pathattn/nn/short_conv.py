@@ -13,8 +13,10 @@ Three paths, one per use:
                              torch.compile the same sum of K shifted inputs, which compiles
                              once for all lengths), or, for packed sequences, that sum
                              restarting at every boundary (both round as F.conv1d);
-    prefill(x, mask)         a prompt (left padding counts as zeros) and the decode state;
-    step(x, state)           m >= 1 new tokens from the state (the last K-1 inputs): a
+    prefill(x, mask)         a prompt and the decode state; a masked token (mask 0,
+                             anywhere) is removed: every real token convolves the real
+                             inputs before it, as if the masked ones were deleted;
+    step(x, state, mask)     m >= 1 new tokens from the state (the last K-1 real inputs): a
                              multiply-and-sum over each output's window (F.conv1d's
                              setup, tens of microseconds per call on CPU, costs more than
                              the arithmetic of a few columns).
@@ -27,6 +29,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..ops.common.padding import MaskedRows
 
 __all__ = ["ShortConv"]
 
@@ -143,27 +147,37 @@ class ShortConv(nn.Module):
 
     def prefill(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A prompt x [B, T, C]; attention_mask [B, T] (1 = token, 0 = left padding) or None.
+        """A prompt x [B, T, C]; attention_mask [B, T] (1 = token, 0 = masked, anywhere) or
+        None.
 
-        Padding inputs count as zeros, so every row equals its prompt alone (outputs at
-        padding positions are meaningless). Returns (y [B, T, C], state [B, K-1, C]): the
-        last K-1 inputs of every row (zeros before its start), detached.
+        Masked tokens are removed: each row's real inputs are convolved as one sequence
+        (the masked ones moved in front as zeros, `MaskedRows`), so every row equals its real
+        tokens alone (outputs at masked positions are meaningless). Returns (y [B, T, C],
+        state [B, K-1, C]): the last K-1 real inputs of every row (zeros before its
+        start), detached.
         """
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != tuple(x.shape[:2]):
-                raise ValueError(f"attention_mask must have shape [B, T] = "
-                                 f"{tuple(x.shape[:2])}, got {tuple(attention_mask.shape)}")
-            x = x * (attention_mask != 0).to(x.dtype)[..., None]
-        y = self._conv(x)
-        return y, self._last_inputs(x.detach())
+        if attention_mask is None:
+            return self._conv(x), self._last_inputs(x.detach())
+        if tuple(attention_mask.shape) != tuple(x.shape[:2]):
+            raise ValueError(f"attention_mask must have shape [B, T] = "
+                             f"{tuple(x.shape[:2])}, got {tuple(attention_mask.shape)}")
+        keep = attention_mask != 0
+        rows = MaskedRows(keep)
+        xc = rows.compact(x * keep.to(x.dtype)[..., None])  # [B, T, C], real inputs last
+        return rows.restore(self._conv(xc)), self._last_inputs(xc.detach())
 
-    def step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, x: torch.Tensor, state: torch.Tensor, mask: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """m new tokens x [B, m, C] after the inputs held in state [B, K-1, C] (m = 0: an
-        empty output and the state itself).
+        empty output and the state itself); mask: None or bool [B, m], False at masked
+        tokens (removed, as in `prefill`; their outputs are meaningless).
 
-        Returns (y [B, m, C], history [B, K-1+m, C]): the state followed by x, detached;
-        its last K-1 rows are the next state (`history[:, -(K-1):]`, empty when K == 1).
+        Returns (y [B, m, C], history [B, K-1+m, C]): the state followed by x, detached
+        (with a mask: the masked inputs, zeroed, moved in front); its last K-1 rows are the
+        next state (`history[:, -(K-1):]`, empty when K == 1).
         """
+        if mask is not None:
+            return self._masked_step(x, state, mask)
         if state.shape != (x.shape[0], self.kernel_size - 1, x.shape[2]):
             raise ValueError(f"state must have shape [B, K-1, C] = "
                              f"{(x.shape[0], self.kernel_size - 1, x.shape[2])}, got "
@@ -183,6 +197,20 @@ class ShortConv(nn.Module):
         if hist.requires_grad:
             hist = hist.detach()
         return self._finish(_cast(y, x.dtype)), hist
+
+    def _masked_step(self, x: torch.Tensor, state: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step` with masked tokens: the state and the real inputs as one sequence, the
+        masked inputs (zeroed) in front of it."""
+        B, m, C = x.shape
+        K1 = self.kernel_size - 1
+        keep = torch.cat([mask.new_ones(B, K1), mask], dim=1)  # [B, K-1+m]
+        rows = MaskedRows(keep)
+        xz = x * mask.to(x.dtype)[..., None]
+        hist = rows.compact(torch.cat([_cast(state, x.dtype), xz], dim=1))  # [B, K-1+m, C]
+        y, _ = self.step(hist[:, K1:], hist[:, :K1])  # the outputs of compacted positions
+        y = rows.restore(torch.cat([y.new_zeros(B, K1, C), y], dim=1))[:, K1:]  # [B, m, C]
+        return y, hist.detach()
 
     def _last_inputs(self, x: torch.Tensor) -> torch.Tensor:
         """Last K-1 rows of x [B, T, C] along time, zeros before the start: [B, K-1, C]."""

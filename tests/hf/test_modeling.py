@@ -6,6 +6,7 @@ gap between the top two logits."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -149,29 +150,17 @@ def test_packed_batch_in_eval_mode_needs_no_use_cache_flag(attn_type):
     packed = torch.cat([a, b])[None]
     cu = torch.tensor([0, 7, 11], dtype=torch.int32)
     with torch.no_grad():
-        out = model(input_ids=packed, cu_seqlens=cu)
-        assert out.past_key_values is None
-        torch.testing.assert_close(out.logits[0, :7], model(input_ids=a[None]).logits[0])
-        torch.testing.assert_close(out.logits[0, 7:], model(input_ids=b[None]).logits[0])
+        out = model(input_ids=packed, cu_seqlens=cu, output_attentions=True)
+        assert out.cache is None
+        alone = [model(input_ids=s[None], output_attentions=True) for s in (a, b)]
+        torch.testing.assert_close(out.logits[0, :7], alone[0].logits[0])
+        torch.testing.assert_close(out.logits[0, 7:], alone[1].logits[0])
+        for layer, p in enumerate(out.attentions):  # block-diagonal: each sequence's own
+            torch.testing.assert_close(p[:, :, :7, :7], alone[0].attentions[layer])
+            torch.testing.assert_close(p[:, :, 7:, 7:], alone[1].attentions[layer])
+            assert torch.all(p[:, :, 7:, :7] == 0)
         with pytest.raises(ValueError, match="cu_seqlens"):
             model(input_ids=packed, cu_seqlens=cu, use_cache=True)
-
-
-def test_gradient_checkpointing_same_loss_and_grads(attn_type):
-    model = make_model(attn_type, seed=5).train()
-    ids = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(6))
-    grads = []
-    for enable in (False, True):
-        if enable:
-            model.gradient_checkpointing_enable()
-            assert model.model.gradient_checkpointing
-        model.zero_grad()
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
-    for x, y in zip(grads[0][1], grads[1][1], strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
 
 
 def test_loss_is_shifted_hf_convention():
@@ -198,50 +187,90 @@ def test_cache_continues_generation_and_crops():
     model = make_model("path_fox", seed=9)
     ids = torch.randint(1, V, (1, 8), generator=torch.Generator().manual_seed(9))
     cache = PaTHGenerationCache()
-    first = model.generate(ids, past_key_values=cache, max_new_tokens=5, do_sample=False,
-                           pad_token_id=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the older name, without a warning
+        first = model.generate(ids, past_key_values=cache, max_new_tokens=5, do_sample=False,
+                               pad_token_id=0)
     assert len(cache) == 12  # the last generated token is not fed back yet
-    more = model.generate(first, past_key_values=cache, max_new_tokens=5, do_sample=False,
+    more = model.generate(first, cache=cache, max_new_tokens=5, do_sample=False,
                           pad_token_id=0)
     assert torch.equal(more, greedy_by_full_forward(model, ids, 10))
-    with pytest.raises(ValueError, match="truncate|back"):
-        cache.crop(2)  # PaTH keys cannot be un-transformed past the last step
+    with pytest.raises(ValueError, match="cannot go back to 2 positions"):
+        cache.crop(2)  # PaTH keys cannot be un-transformed past the pending window
 
 
 @pytest.mark.parametrize("attn_type", ["path", "rope"])
 @torch.no_grad()
-def test_cache_argument_is_past_key_values(attn_type):
-    """transformers >= 5.24 passes the cache to forward() as `cache`: a decode step given
-    it that way equals the same step given past_key_values."""
+def test_cache_names_of_transformers_5_and_the_older_one(attn_type, monkeypatch):
+    """forward takes the cache as `cache` (transformers 5) or `past_key_values`, returns it
+    as `output.cache`, and never goes through transformers' deprecated names."""
+    from transformers.utils import generic
+
+    deprecated = []
+    monkeypatch.setattr(generic.logger, "warning_once", deprecated.append)
     model = make_model(attn_type).eval()
     ids = torch.randint(1, V, (2, 7), generator=torch.Generator().manual_seed(3))
     logits = []
     for name in ("past_key_values", "cache"):
-        cache = model(ids[:, :6], use_cache=True).past_key_values
+        cache = model(ids[:, :6], use_cache=True)["cache"]
         out = model(ids[:, 6:], **{name: cache})
-        assert out.past_key_values is cache and len(cache) == 7
+        assert out["cache"] is cache and len(cache) == 7
         logits.append(out.logits)
     assert torch.equal(logits[0], logits[1])
-    cache = model(ids[:, :6], use_cache=True).past_key_values
-    with pytest.raises(ValueError, match="past_key_values and cache"):
+    assert deprecated == []
+    cache = model(ids[:, :6], use_cache=True).cache
+    with pytest.raises(ValueError, match="cache and past_key_values"):
         model(ids[:, 6:], past_key_values=cache, cache=PaTHGenerationCache())
 
 
+@torch.no_grad()
+def test_masked_tokens_equal_their_removal(attn_type):
+    """Zeros anywhere in attention_mask (holes, left padding; and the pad id inside a
+    prompt, from which generate() infers the mask): each row equals its real tokens alone,
+    in the training path, the prefill and generation."""
+    model = make_model(attn_type, seed=10)
+    g = torch.Generator().manual_seed(10)
+    ids = torch.randint(1, V, (2, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, [2, 3, 6]] = 0  # holes
+    mask[1, [0, 1, 5]] = 0  # left padding and a hole
+    for use_cache in (False, True):
+        logits = model(ids, attention_mask=mask, use_cache=use_cache).logits
+        for b in range(2):
+            alone = model(ids[b: b + 1, mask[b] == 1], use_cache=False).logits[0]
+            torch.testing.assert_close(logits[b, mask[b] == 1], alone, rtol=1e-9, atol=1e-11)
+    prompt = ids[:1].clone()
+    prompt[0, [2, 5]] = 0  # the pad id inside the prompt: generate() masks it
+    out = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    removed = prompt[:, prompt[0] != 0]
+    assert torch.equal(out[:, 9:], greedy_by_full_forward(model, removed, 4)[:, 7:])
+
+
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(inputs_embeds=torch.zeros(1, 3, 32)), "inputs_embeds"),
-    (dict(attention_mask=torch.tensor([[1, 0, 1]])), "inside a row"),
-    (dict(attention_mask=torch.tensor([[1, 1, 0]]), use_cache=True), "left padding"),
+    (dict(inputs_embeds=torch.zeros(1, 3, 32)), "exactly one of input_ids"),
+    (dict(attention_mask=torch.tensor([[1, 1, 0]]), use_cache=True), "pad on the left"),
     (dict(attention_mask=torch.tensor([[0, 0, 0]])), "at least one token"),
     (dict(attention_mask=torch.ones(1, 4)), r"\[B, T\]"),
     (dict(past_key_values=object()), "PaTHGenerationCache"),
     (dict(labels=torch.zeros(1, 2, dtype=torch.long)), "labels"),
-], ids=["embeds", "hole", "right-pad-cache", "empty-row", "mask-shape", "cache-type",
-        "labels-shape"])
+    (dict(shift_labels=torch.zeros(1, 3, dtype=torch.long)), "pass labels too"),
+    (dict(foo=1, token_type_ids=torch.zeros(1, 3)), r"\['foo', 'token_type_ids'\]"),
+    (dict(cu_seq_lens_q=torch.tensor([0, 3])), "pass cu_seqlens"),
+    (dict(output_attentions=1), "output_attentions must be a bool"),
+], ids=["ids-and-embeds", "right-pad-cache", "empty-row", "mask-shape", "cache-type",
+        "labels-shape", "shift-labels-alone", "unknown", "packing-kwargs", "flag-type"])
 def test_bad_input_raises_naming_the_argument(kwargs, match):
     model = make_model("path")
     ids = torch.tensor([[1, 2, 3]])
     with pytest.raises(ValueError, match=match):
         model(ids, **kwargs)
+
+
+def test_inputs_embeds_of_another_dtype_are_refused():
+    model = make_model("path")
+    embeds = model.get_input_embeddings()(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(ValueError, match="inputs_embeds must have the embeddings' dtype"):
+        model(inputs_embeds=embeds.float())
 
 
 def test_config_validates_fields():

@@ -226,7 +226,7 @@ def test_input_errors(name):
         layer.prefill(torch.randn(5, HIDDEN))
     with pytest.raises(ValueError, match="attention_mask"):
         layer.prefill(torch.randn(2, 3, HIDDEN), attention_mask=torch.tensor([[1, 1, 1],
-                                                                              [1, 1, 0]]))
+                                                                              [1, 1, 2]]))
     _, cache = layer.prefill(torch.randn(1, 5, HIDDEN))
     with pytest.raises(ValueError, match="hidden_size"):
         layer.decode(torch.randn(1, 1, HIDDEN - 1), cache)

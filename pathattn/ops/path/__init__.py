@@ -17,9 +17,9 @@ from .backends import (
 )
 from .cache import PaTHCache
 from .inference import path_attn_prefill, path_attn_step
-from .reference import path_attn_full_matrix, path_attn_naive
+from .reference import path_attn_full_matrix, path_attn_naive, path_attn_weights
 
 __all__ = ["path_attn", "path_attn_with_keys", "path_attn_prefill", "path_attn_step",
-           "PaTHCache", "path_attn_naive", "path_attn_full_matrix", "Backend",
+           "PaTHCache", "path_attn_naive", "path_attn_full_matrix", "path_attn_weights", "Backend",
            "register_backend", "unregister_backend", "get_backend", "backend_names",
            "select_backend"]

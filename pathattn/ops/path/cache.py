@@ -4,8 +4,12 @@ After a prefix of length T a key is cached as k_j^(T) = H_{T-1} ... H_{j+1} k_j 
 k_j^T H_{j+1} ... H_{T-1}, the definition with R > 1 reflections per token), so a query
 i >= T sees the cache through q~_i = H_T ... H_i q_i as plain attention. The latest tokens
 stay in a pending window committed by one GEMM every `max_pending_tokens` tokens; keys and
-values are stored in the compute dtype, gate sums in float64. The window, truncation,
-storage and torch.compile: docs/ops.md, "Inference: the key cache".
+values are stored in the compute dtype, gate sums in float64. Masked tokens (left padding
+or zeros anywhere in the attention mask) are positions that are no key and transform
+nothing (`key_mask`). With `history`, the raw per-token inputs of every position are kept
+as well, so that `truncate` can go back to any length and `history_inputs` can feed the
+reference (attention probabilities). The window, truncation, storage and torch.compile:
+docs/ops.md, "Inference: the key cache".
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from ..common.validation import batch_index
 from .stages import chain_suffix_products
 from .ut import block_ut
 
-__all__ = ["PaTHCache", "Transition", "key_transforms"]
+__all__ = ["PaTHCache", "Transition", "History", "key_transforms"]
 
 KEY_BLOCK = 64  # block length of `key_transforms` (one UT sub-block, no merging)
 COMMIT_ROWS = 4096  # rows per GEMM when committing (eager): bounds the temporary
@@ -50,6 +54,17 @@ class Transition(NamedTuple):
                 x.addcmul_(coef, wr, value=-1)
         else:
             x.copy_(x @ self.pt.mT)
+
+
+class History(NamedTuple):
+    """Raw per-position inputs kept by a cache with history, head-major in the cache:
+    k [B, H, T, D], w [B, H, T, R, D], beta [B, H, T, R] (compute dtype) and g [B, HQ, T]
+    float64 or None; zero at masked positions."""
+
+    k: torch.Tensor
+    w: torch.Tensor
+    beta: torch.Tensor
+    g: torch.Tensor | None
 
 
 def key_transforms(k: torch.Tensor, w: torch.Tensor,
@@ -109,9 +124,11 @@ class PaTHCache:
                          the pending window, see `commit`)
         v [B, T, H, Dv]  values
         g_cumsum [B, T, HQ] float64 gate cumsums G (None without gates)
+        key_mask [B, T]  bool, False at masked tokens (no key, no transform)
         start [B]        first real position of each row (left padding)
     `len(cache)` == `cache.seq_len` == T. `reorder(index)` and `truncate(new_len)` edit it
     in place; `max_pending_tokens` (default 128) is the size of the pending window.
+    `has_history`: the raw inputs of every position are kept (`truncate` to any length).
     `step_backends`: the (backend, dtype) pairs `path_attn_step` has checked for this cache,
     so that it checks each once, not at every token. `reflections`: R, the reflections per
     token of the prefill, which every step must use too.
@@ -121,12 +138,14 @@ class PaTHCache:
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, g_cumsum: torch.Tensor | None,
                  start: torch.Tensor, num_q_heads: int, padded: bool | None = None,
-                 reflections: int = 1):
+                 reflections: int = 1, key_mask: torch.Tensor | None = None,
+                 history: History | None = None):
         """k [B, H, T, D] transformed keys k_j^(T); v [B, H, T, Dv]; g_cumsum [B, HQ, T]
-        float64 or None; start [B] int64; num_q_heads HQ; padded: whether some start is > 0,
-        when the caller knows (None: read from start, a host read torch.compile cannot
-        trace); reflections: R, the reflections per token of every later step. Built by
-        `path_attn_prefill`."""
+        float64 or None; start [B] int64; num_q_heads HQ; padded: whether some key is
+        masked, when the caller knows (None: read from the mask, a host read torch.compile
+        cannot trace); reflections: R, the reflections per token of every later step;
+        key_mask: bool [B, T] (None: the positions from each row's start); history: the raw
+        inputs of the T positions, or None (no history). Built by `path_attn_prefill`."""
         B, H, T, D = k.shape
         self.num_q_heads = num_q_heads
         cap = _initial_capacity(T)
@@ -139,8 +158,14 @@ class PaTHCache:
             self._g = g_cumsum.new_empty(B, num_q_heads, cap)
             self._g[:, :, :T] = g_cumsum
         self._start = start.to(device=k.device, dtype=torch.long)
-        self._padded = bool((self._start > 0).any()) if padded is None else padded
-        self._len = self._t0 = self._step_start = T
+        self._keep = torch.zeros(B, cap, dtype=torch.bool, device=k.device)  # key mask
+        if key_mask is None:
+            key_mask = torch.arange(T, device=k.device)[None, :] >= self._start[:, None]
+        self._keep[:, :T] = key_mask
+        self._padded = bool((~key_mask).any()) if padded is None else padded
+        self._len = self._t0 = T
+        self._hist = None if history is None else History(
+            *(None if x is None else _grown(x, cap, T) for x in history))
         self._eye = torch.eye(D, dtype=k.dtype, device=k.device)
         self.reflections = reflections
         # [M ; window keys], and the raw k, w, beta of the window tokens (for `truncate`):
@@ -195,8 +220,18 @@ class PaTHCache:
 
     @property
     def padded(self) -> bool:
-        """True when some row starts after position 0 (left padding)."""
+        """True when some position is masked (left padding or a masked token)."""
         return self._padded
+
+    @property
+    def key_mask(self) -> torch.Tensor:
+        """[B, T] bool (a view): False at masked positions (no key, no transform)."""
+        return self._keep[:, : self._len]
+
+    @property
+    def has_history(self) -> bool:
+        """Whether the raw inputs of every position are kept (`truncate` to any length)."""
+        return self._hist is not None
 
     @property
     def start(self) -> torch.Tensor:
@@ -215,9 +250,10 @@ class PaTHCache:
 
     @property
     def min_len(self) -> int:
-        """Smallest length `truncate` accepts: the start of the last step (or the current
-        length once everything is committed)."""
-        return max(self._step_start, self._t0)
+        """Smallest length `truncate` accepts: 0 with history, else the start of the
+        pending window (at most the start of the last step; the current length once
+        everything is committed)."""
+        return 0 if self._hist is not None else self._t0
 
     @property
     def k(self) -> torch.Tensor:
@@ -234,6 +270,17 @@ class PaTHCache:
     def g_cumsum(self) -> torch.Tensor | None:
         """[B, T, HQ] float64 cumulative log forget gates G (a view), or None."""
         return None if self._g is None else self._g[:, :, : self._len].transpose(1, 2)
+
+    def history_inputs(self) -> History:
+        """The raw inputs of every position, token-major: k [B, T, H, D], w [B, T, H, R, D],
+        beta [B, T, H, R] (compute dtype), g [B, T, HQ] float64 or None; zero at masked
+        positions. ValueError without history."""
+        if self._hist is None:
+            raise ValueError("this cache keeps no history of its inputs: build it with "
+                             "path_attn_prefill(..., history=True)")
+        T = self._len
+        return History(*(None if x is None else x[:, :, :T].transpose(1, 2)
+                         for x in self._hist))
 
     # ------------------------------------------------------------------ attention pieces
 
@@ -273,6 +320,12 @@ class PaTHCache:
         self._k, self._v = _grown(self._k, new_cap, T), _grown(self._v, new_cap, T)
         if self._g is not None:
             self._g = _grown(self._g, new_cap, T)
+        keep = self._keep.new_zeros(self._keep.shape[0], new_cap)
+        keep[:, :T] = self._keep[:, :T]
+        self._keep = keep
+        if self._hist is not None:
+            self._hist = History(*(None if x is None else _grown(x, new_cap, T)
+                                   for x in self._hist))
         self.num_grows += 1
 
     def _raw_buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -295,12 +348,15 @@ class PaTHCache:
         self._raw_b = _grown(self._raw_b, cap * R, n * R)
 
     def append(self, kt: torch.Tensor, k: torch.Tensor, tr: Transition, v: torch.Tensor,
-               g_cumsum: torch.Tensor | None) -> None:
+               g_cumsum: torch.Tensor | None, keep: torch.Tensor | None = None,
+               g: torch.Tensor | None = None) -> None:
         """Add a chunk of m tokens (the next step) at positions [T, T + m).
 
         kt [B, H, m, D] its keys transformed inside the chunk (they join the window);
         k [B, H, m, D] its raw keys; tr its transition (with the raw w, beta);
-        v [B, H, m, Dv]; g_cumsum [B, HQ, m] float64 or None."""
+        v [B, H, m, Dv]; g_cumsum [B, HQ, m] float64 or None; keep: None (every token a
+        key) or bool [B, m], False at masked tokens (whose k, w, beta, g are zero); g: the
+        raw log gates [B, HQ, m] float64 (kept with history)."""
         T, m, D = self._len, kt.shape[2], self.head_dim
         R = tr.w.shape[2] // m
         if R != self.reflections:
@@ -311,6 +367,18 @@ class PaTHCache:
         self._v[:, :, T: T + m] = v
         if g_cumsum is not None:
             self._g[:, :, T: T + m] = g_cumsum
+        if keep is None:
+            self._keep[:, T: T + m] = True
+        else:
+            self._keep[:, T: T + m] = keep
+            self._padded = True
+        if self._hist is not None:
+            hk, hw, hb, hg = self._hist
+            hk[:, :, T: T + m] = k
+            hw[:, :, T: T + m] = tr.w.unflatten(2, (m, R))
+            hb[:, :, T: T + m] = tr.beta.unflatten(2, (m, R))
+            if hg is not None:
+                hg[:, :, T: T + m] = g
         self._window_room(m)
         wl = self.window_len
         n = D + wl
@@ -319,7 +387,7 @@ class PaTHCache:
         self._raw_k[:, :, wl: wl + m] = k
         self._raw_w[:, :, wl * R: (wl + m) * R] = tr.w
         self._raw_b[:, :, wl * R: (wl + m) * R] = tr.beta
-        self._step_start, self._len = T, T + m
+        self._len = T + m
 
     def commit(self) -> None:
         """Apply the pending window's transforms to the committed keys (K <- K @ M) and move
@@ -356,8 +424,10 @@ class PaTHCache:
     def truncate(self, new_len: int) -> None:
         """Keep the first new_len positions (drop rejected draft tokens).
 
-        new_len must lie in [min_len, seq_len]: back to the start of the last step at most
-        (earlier keys already carry the dropped tokens' transforms, which cannot be undone).
+        new_len must lie in [min_len, seq_len]: without history back to the start of the
+        pending window at most (earlier keys already carry the dropped tokens' transforms,
+        which cannot be undone); with history anywhere (the keys are rebuilt from the raw
+        inputs, one key-only UT pass over the kept positions).
         """
         if isinstance(new_len, bool) or not isinstance(new_len, numbers.Integral):
             raise ValueError(f"new_len must be an int, got {new_len!r}")
@@ -365,11 +435,15 @@ class PaTHCache:
         if not self.min_len <= new_len <= self._len:
             raise ValueError(
                 f"new_len={new_len} is out of range: the cache can only be truncated to a "
-                f"length in [{self.min_len}, {self._len}], i.e. back to the start of the last "
-                "step at most (keys before it already include the transforms of every "
-                "later token, which are not invertible; reading .k or commit() also fixes "
-                "the current length)")
+                f"length in [{self.min_len}, {self._len}], i.e. back to the start of its "
+                "pending window at most (keys before it already include the transforms of "
+                "every later token, which are not invertible; reading .k or commit() also "
+                "fixes the current length); a cache built with history=True can be "
+                "truncated to any length")
         if new_len == self._len:
+            return
+        if new_len < self._t0:
+            self._rebuild(new_len)
             return
         n, D, R = new_len - self._t0, self.head_dim, self.reflections
         kn, M = key_transforms(  # window keys and transition, rebuilt from the kept tokens
@@ -377,6 +451,18 @@ class PaTHCache:
         self._win[:, :, :D] = M
         self._win[:, :, D: D + n] = kn
         self._len = new_len
+
+    def _rebuild(self, new_len: int) -> None:
+        """Keys k_j^(new_len) of the first new_len positions from the history, all committed
+        (the window empty)."""
+        hk, hw, hb, _ = self._hist
+        n, T, D = new_len, self._len, self.head_dim
+        kn, _ = key_transforms(hk[:, :, :n], hw[:, :, :n].flatten(2, 3),
+                               hb[:, :, :n].flatten(2, 3))
+        self._k[:, :, :n] = kn
+        self._k[:, :, n:T] = 0  # the big buffer is zero from t0 on
+        self._win[:, :, :D] = self._eye
+        self._t0 = self._len = n
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows: row b becomes old row index[b] (beam search). index [B'] int;
@@ -396,4 +482,7 @@ class PaTHCache:
         self._raw_k, self._raw_w, self._raw_b = (
             x.index_select(0, index) for x in (self._raw_k, self._raw_w, self._raw_b))
         self._start = self._start.index_select(0, index)
-        self._padded = bool((self._start > 0).any())
+        self._keep = self._keep.index_select(0, index)
+        if self._hist is not None:
+            self._hist = History(*(None if x is None else take(x) for x in self._hist))
+        self._padded = bool((~self._keep[:, :T]).any())

@@ -17,10 +17,11 @@ the chunk's transition P = H_T ... H_{T+m-1} is applied to the earlier keys (laz
 the pending window of `cache.py`). Decode costs one pass over the cached keys and values per
 step (O(T * D) per head) plus, every `max_pending_tokens` steps, one (T x D) @ (D x D) GEMM.
 
-Left padding: `attention_mask` [B, P] in the prefill (1 = token, 0 = padding, padding only
-on the left). The real tokens run packed (`cu_seqlens`) through `path_attn`; in the cache,
-padding tokens have k = v = 0 and the identity transform (w = 0, beta = 0), and every later
-step masks the keys before each row's start. Each row equals its prompt run alone.
+Masked tokens: `attention_mask` [B, P] in the prefill and `mask` [B, m] in a step (1 =
+token, 0 = masked, zeros anywhere: left padding is the common case). A masked token is
+removed from its row: the real tokens run packed (`cu_seqlens`, `MaskedRows`) through
+`path_attn`; in the cache masked tokens have k = v = 0, the identity transform (w = 0,
+beta = 0), g = 0, and no key (`key_mask`). Each row equals its real tokens run alone.
 
 Inference only: the step output and the cache carry no gradients (the prefill output is
 `path_attn`'s and is differentiable as usual).
@@ -34,10 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from ..common.heads import compute_dtype, default_scale
-from ..common.padding import LeftPadding, check_attention_mask
+from ..common.padding import MaskedRows, check_attention_mask
 from .api import path_attn, path_attn_with_keys
 from .backends import select_backend
-from .cache import PaTHCache, Transition, key_transforms
+from .cache import History, PaTHCache, Transition, key_transforms
 from .stages import num_reflections, single_reflection
 from .ut import block_ut
 from .validation import check_path_attn_inputs
@@ -65,7 +66,8 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
                       beta: torch.Tensor, g: torch.Tensor | None = None, *,
                       scale: float | None = None,
                       attention_mask: torch.Tensor | None = None,
-                      backend: str = "auto") -> tuple[torch.Tensor, PaTHCache]:
+                      backend: str = "auto", history: bool = False
+                      ) -> tuple[torch.Tensor, PaTHCache]:
     """Causal PaTH attention over a prompt, plus the cache for `path_attn_step`.
 
     Args:
@@ -73,12 +75,14 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
             [B, T, H, D]; v [B, T, H, Dv]; beta [B, T, H]; g [B, T, HQ] log forget gates or
             None. R reflections per token: w [B, T, H, R, D], beta [B, T, H, R].
         attention_mask: optional [B, T] (bool or integer 0 / 1): 1 for real tokens, 0 for
-            padding, padding only on the left. Each row then equals its real tokens run
-            alone; output rows at padding are zero.
+            masked ones, anywhere (module docstring). Each row then equals its real tokens
+            run alone; output rows at masked tokens are zero.
         backend: as `path_attn` (`pathattn.ops.path.backends`). Without autograd the output and
             the cached keys come from one blockwise pass ("cpu" or "torch"; "auto" picks
             one); a backend without transformed keys ("triton") or a differentiable output
             runs the op and a separate key-only pass.
+        history: keep the raw k, w, beta, g of every position in the cache (about the
+            key cache's memory again), so that it can be truncated to any length.
 
     Returns (o, state): o [B, T, HQ, Dv] in q's dtype, equal to `path_attn`; state a
     `PaTHCache` holding the keys transformed by every later prompt token (compute dtype:
@@ -100,22 +104,22 @@ def path_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torc
         o = _prefill_output(q, k, v, w, beta, g, scale, mask, backend)
         keys = None
     with torch.no_grad():
-        state = _prefill_state(k, v, w, beta, g, mask, HQ, keys)
+        state = _prefill_state(k, v, w, beta, g, mask, HQ, keys, history)
     return o, state
 
 
 def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None, backend: str,
                     with_keys: bool = False):
-    """path_attn on the prompts; with padding, each row's padding and real tokens as two
-    sequences of one packed batch (`LeftPadding`), output zero at padding.
+    """path_attn on the prompts; with masked tokens, each row's masked and real tokens as
+    two sequences of one packed batch (`MaskedRows`), output zero at masked tokens.
 
-    with_keys: also return the transformed keys [B, T, H, D] (zero at padding), computed in
-    the same pass (`path_attn_with_keys`, no autograd)."""
+    with_keys: also return the transformed keys [B, T, H, D] (zero at masked tokens),
+    computed in the same pass (`path_attn_with_keys`, no autograd)."""
     if mask is None:
         if with_keys:
             return path_attn_with_keys(q, k, v, w, beta, g, scale=scale, backend=backend)
         return path_attn(q, k, v, w, beta, g, scale=scale, backend=backend)
-    pad = LeftPadding(mask)
+    pad = MaskedRows(mask)
     packed = [pad.pack(x) for x in (q, k, v, w, beta, g)]
     if with_keys:
         o, keys = path_attn_with_keys(*packed, scale=scale, cu_seqlens=pad.cu_seqlens,
@@ -126,38 +130,44 @@ def _prefill_output(q, k, v, w, beta, g, scale, mask: torch.Tensor | None, backe
 
 
 def _prefill_state(k, v, w, beta, g, mask: torch.Tensor | None, HQ: int,
-                   keys: torch.Tensor | None = None) -> PaTHCache:
-    """Cache of the prompt: padding tokens get k = v = 0, w = 0, beta = 0 (identity), g = 0.
-    keys: the transformed keys [B, T, H, D] when already computed (`path_attn_with_keys`)."""
+                   keys: torch.Tensor | None = None, history: bool = False) -> PaTHCache:
+    """Cache of the prompt: masked tokens get k = v = 0, w = 0, beta = 0 (identity), g = 0
+    and no key. keys: the transformed keys [B, T, H, D] when already computed
+    (`path_attn_with_keys`); history: keep the raw inputs (`PaTHCache`)."""
     B, T = k.shape[:2]
     cd = compute_dtype(k.dtype)
     keep = None if mask is None else mask[:, None, :].to(cd)  # [B, 1, T]
     vh = _head_major(v, cd)  # [B, H, T, Dv]
     if keep is not None:
         vh = vh * keep[..., None]
-    if keys is None:  # a key-only UT pass over the (padding-zeroed) prompt
-        kh, wh = (_head_major(x, cd) for x in (k, w))  # [B, H, T, D]
-        bh = _head_major(beta, cd)  # [B, H, T]
-        keep_w = keep
-        if w.ndim == 5:  # R reflections per token, in order: [B, H, T * R, D]
-            wh, bh = wh.flatten(2, 3), bh.flatten(2, 3)
-            keep_w = None if keep is None else keep.repeat_interleave(w.shape[3], dim=-1)
+    raw = None
+    if keys is None or history:  # the (masked-zeroed) raw inputs, head-major
+        kh, wh = (_head_major(x, cd) for x in (k, w))  # [B, H, T, D] or [B, H, T, R, D]
+        bh = _head_major(beta, cd)  # [B, H, T] or [B, H, T, R]
+        if w.ndim == 4:  # one reflection per token: [B, H, T, 1, D], [B, H, T, 1]
+            wh, bh = wh[:, :, :, None], bh[..., None]
         if keep is not None:
-            kh, wh, bh = kh * keep[..., None], wh * keep_w[..., None], bh * keep_w
-        kn = key_transforms(kh, wh, bh)[0]
-    else:  # already zero at padding
+            kh, wh, bh = kh * keep[..., None], wh * keep[..., None, None], bh * keep[..., None]
+        raw = (kh, wh, bh)
+    if keys is None:  # a key-only UT pass over the (masked-zeroed) prompt
+        kn = key_transforms(raw[0], raw[1].flatten(2, 3), raw[2].flatten(2, 3))[0]
+    else:  # already zero at masked tokens
         kn = _head_major(keys, cd)
     start = torch.zeros(B, dtype=torch.long, device=k.device)
-    if mask is not None:
-        start = T - mask.sum(1)
-    G = None
+    if mask is not None:  # first real position
+        start = torch.where(mask.any(1), mask.to(torch.uint8).argmax(1), T)
+    g64 = G = None
     if g is not None:
         g64 = g.to(torch.float64)
         if mask is not None:
             g64 = g64 * mask[..., None]
-        G = g64.cumsum(1).transpose(1, 2)  # [B, HQ, T]
+        g64 = g64.transpose(1, 2)  # [B, HQ, T]
+        G = g64.cumsum(-1)
+    hist = None
+    if history:
+        hist = History(*raw, g64)  # copied into the cache's buffers
     return PaTHCache(kn, vh, G, start, HQ, padded=mask is not None,
-                     reflections=num_reflections(w))
+                     reflections=num_reflections(w), key_mask=mask, history=hist)
 
 
 # ----------------------------------------------------------------------------- step
@@ -175,7 +185,8 @@ class ChunkUT(NamedTuple):
 
 def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
                    beta: torch.Tensor, g: torch.Tensor | None = None, *, state: PaTHCache,
-                   scale: float | None = None, backend: str = "auto") -> torch.Tensor:
+                   scale: float | None = None, backend: str = "auto",
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
     """PaTH attention of m >= 1 new tokens against the cache and each other.
 
     Args:
@@ -187,11 +198,17 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
         scale: logit scale, default D ** -0.5 (the gate term is not scaled).
         backend: checked as `path_attn`'s; the step itself is PyTorch ops for every
             backend (one pass over the cache per token: memory-bound, no kernel needed).
+        mask: None, or [B, m] bool / 0-1 with 0 at masked new tokens (module docstring).
 
     Returns o [B, m, HQ, Dv] in q's dtype: the last m rows of `path_attn` on the whole
-    sequence (each row from its own start with left padding). No gradients.
+    sequence of each row's real tokens (zero at masked tokens). No gradients.
     """
     _check_step(q, k, v, w, beta, g, state, scale)
+    keep = None
+    if mask is not None:
+        keep = check_attention_mask(mask, q.shape[0], q.shape[1], q.device)
+    if keep is not None:  # masked tokens: k = v = 0, w = 0, beta = 0, g = 0, no key
+        k, v, w, beta, g = (_zero_masked(x, keep) for x in (k, v, w, beta, g))
     key = (backend, q.dtype) if isinstance(backend, str) else None
     if torch.compiler.is_compiling():  # traced into guards: no cost per token, no new state
         select_backend(backend, q)
@@ -207,17 +224,37 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
         if g is not None:  # [B, HQ, m] float64
             G = g.to(torch.float64).transpose(1, 2).cumsum(-1)
             G += state.last_gate_cumsum()[..., None]
-        vh = _head_major(v, state.dtype)
+        new = NewTokens(_head_major(v, state.dtype), G, keep,
+                        None if g is None or not state.has_history else
+                        g.to(torch.float64).transpose(1, 2))
         if m == 1:
-            o = _decode_token(state, q, k, vh, w, beta, G, scale)  # [B, H, Gr, Dv]
+            o = _decode_token(state, q, k, w, beta, new, scale)  # [B, H, Gr, Dv]
         else:
-            o = _step_chunk(state, q, k, vh, w, beta, G, scale)  # [B, H, Gr * m, Dv]
+            o = _step_chunk(state, q, k, w, beta, new, scale)  # [B, H, Gr * m, Dv]
             H = o.shape[1]
             o = o.view(B, H, HQ // H, m, -1).permute(0, 3, 1, 2, 4)
-    return _cast(o.reshape(B, m, HQ, -1), q.dtype)
+    o = _cast(o.reshape(B, m, HQ, -1), q.dtype)
+    return o if keep is None else _zero_masked(o, keep)
 
 
-def _decode_token(state: PaTHCache, q, k, v, w, beta, G, scale: float) -> torch.Tensor:
+class NewTokens(NamedTuple):
+    """What a step appends besides its keys and transforms."""
+
+    v: torch.Tensor  # [B, H, m, Dv] values (compute dtype)
+    G: torch.Tensor | None  # [B, HQ, m] float64 gate cumsums
+    keep: torch.Tensor | None  # [B, m] bool, False at masked tokens; None: all real
+    g: torch.Tensor | None  # [B, HQ, m] float64 raw log gates (kept with history)
+
+
+def _zero_masked(x: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | None:
+    """x [B, m, ...] with the rows of masked tokens (keep [B, m] False) set to zero."""
+    if x is None:
+        return None
+    return torch.where(keep.reshape(keep.shape + (1,) * (x.ndim - 2)), x, x.new_zeros(()))
+
+
+def _decode_token(state: PaTHCache, q, k, w, beta, new: NewTokens,
+                  scale: float) -> torch.Tensor:
     """One new token at position T: [B, H, Gr, Dv]. No UT transform is needed.
 
     Appending the token first turns the window rows [M ; window keys] into
@@ -231,18 +268,20 @@ def _decode_token(state: PaTHCache, q, k, v, w, beta, G, scale: float) -> torch.
     kh = _cast(k, cd).reshape(B, H, 1, D)
     wh = _cast(w, cd).reshape(B, H, -1, D)  # [B, H, R, D]: the token's R reflections
     T0 = state.committed_len
-    state.append(kh, kh, Transition(wh, _cast(beta, cd).reshape(B, H, -1), None), v, G)
+    state.append(kh, kh, Transition(wh, _cast(beta, cd).reshape(B, H, -1), None), new.v,
+                 new.G, new.keep, new.g)
     Y = qs @ state.window_rows().mT  # [B, H, Gr, D + T + 1 - T0]
     return _attend(state, Y, T0, 1)
 
 
-def _step_chunk(state: PaTHCache, q, k, v, w, beta, G, scale: float) -> torch.Tensor:
+def _step_chunk(state: PaTHCache, q, k, w, beta, new: NewTokens,
+                scale: float) -> torch.Tensor:
     """m > 1 new tokens (one UT block): [B, H, Gr * m, Dv]. The window rows are read with
     the boundary-adjusted queries before the chunk joins the window."""
     ch = _chunk_ut(q, k, w, beta, scale, state.dtype)
     T0 = state.committed_len
     Y = torch.cat([ch.qt @ state.window_rows().mT, ch.s], dim=-1)  # [B, H, R, D + n - T0]
-    state.append(ch.kt, ch.k, ch.tr, v, G)
+    state.append(ch.kt, ch.k, ch.tr, new.v, new.G, new.keep, new.g)
     return _attend(state, Y, T0, q.shape[1])
 
 
@@ -291,7 +330,7 @@ def _attend(state: PaTHCache, Y: torch.Tensor, T0: int, m: int) -> torch.Tensor:
 def _bias(state: PaTHCache, m: int) -> torch.Tensor:
     """Additive logit terms of the last m rows against all n = seq_len positions,
     [B, H, R, n] (a new tensor): the gate term G_i - G_j (formed in float64) and -inf at
-    left padding."""
+    masked positions."""
     n = state.seq_len
     B, H = state.batch_size, state.num_heads
     Gr = state.num_q_heads // H
@@ -302,8 +341,7 @@ def _bias(state: PaTHCache, m: int) -> torch.Tensor:
     else:
         bias = torch.zeros(B, H, Gr * m, n, dtype=state.dtype, device=state.device)
     if state.padded:
-        cols = torch.arange(n, device=state.device)
-        bias.masked_fill_((cols < state.start[:, None])[:, None, None, :], float("-inf"))
+        bias.masked_fill_(~state.key_mask[:, None, None, :], float("-inf"))
     return bias
 
 

@@ -1,6 +1,6 @@
 """Reference implementations of PaTH / PaTH-FoX attention: the oracles of the tests.
 
-Both functions compute, for each sequence and each query head, the paper's definition
+The functions compute, for each sequence and each query head, the paper's definition
 (section 2.2, "PaTH-FoX" paragraph) with H_t = I - beta_t w_t w_t^T, or, with R reflections
 per token, H_t = H_{t,1} H_{t,2} ... H_{t,R}, H_{t,r} = I - beta_{t,r} w_{t,r} w_{t,r}^T:
 
@@ -11,6 +11,8 @@ where G is the cumulative sum over time of the log forget gates g (G = 0 without
 They are written for clarity, not speed: O(T^2) memory, float64 by default.
 
 * `path_attn_naive` applies the transforms one token at a time (the definition itself).
+* `path_attn_weights` returns the attention probabilities themselves (the definition's
+  sweep, for the last rows of a sequence: what a model reports as its attentions).
 * `path_attn_full_matrix` uses the masked UT transform of section 3.2:
 
       A     = (I + strictLower(diag(beta) W W^T))^{-1} diag(beta)          [T, T]
@@ -33,7 +35,7 @@ import torch
 
 from ..common.heads import expand_kv_heads
 
-__all__ = ["path_attn_naive", "path_attn_full_matrix"]
+__all__ = ["path_attn_naive", "path_attn_full_matrix", "path_attn_weights"]
 
 
 def _segments(T: int, B: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int, int]]:
@@ -158,3 +160,53 @@ def path_attn_full_matrix(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=No
     float32 or float64.
     """
     return _run(_logits_full_matrix, q, k, v, w, beta, g, scale, cu_seqlens, dtype)
+
+
+def path_attn_weights(q, k, w, beta, g=None, *, scale=None, key_mask=None,
+                      dtype=torch.float64):
+    """The attention probabilities of PaTH by its definition, for the last m positions of
+    one sequence per row (m = T: the whole prompt).
+
+    Args:
+        q: [B, m, HQ, D] queries of positions T - m .. T - 1.
+        k: [B, T, H, D]; w: [B, T, H, D] or [B, T, H, R, D]; beta: [B, T, H] or
+            [B, T, H, R]; g: [B, T, HQ] log forget gates or None (as `path_attn_naive`).
+        scale: logit scale, default D ** -0.5 (the gate term is not scaled).
+        key_mask: None or bool [B, T]: False marks positions that are no key (masked
+            tokens; their w, beta and g must be zero, so that they transform nothing).
+        dtype: the computation's dtype (float64 by default).
+
+    Returns p [B, HQ, m, T] in `dtype`: softmax_j(logit(i, j)) over the allowed keys j <= i;
+    a row without any allowed key is zero. Cost: T sequential steps of O(m * HQ * R * D)
+    (the transforms applied to the queries one key position at a time, as
+    `path_attn_naive` does), O(m * T) memory per head.
+    """
+    B, m, HQ, D = q.shape
+    T, H = k.shape[1], k.shape[2]
+    groups = HQ // H
+    scale = D**-0.5 if scale is None else scale
+    if w.ndim == 4:  # one reflection per token: [B, T, H, 1, D]
+        w, beta = w[:, :, :, None], beta[..., None]
+    kq = expand_kv_heads(k.transpose(1, 2).to(dtype), groups)  # [B, HQ, T, D]
+    wq = expand_kv_heads(w.transpose(1, 2).to(dtype), groups)  # [B, HQ, T, R, D]
+    bq = expand_kv_heads(beta.transpose(1, 2).to(dtype), groups)  # [B, HQ, T, R]
+    x = q.transpose(1, 2).to(dtype)  # [B, HQ, m, D]: H_{j+1} ... H_i q_i for the current j
+    pos = torch.arange(T - m, T, device=q.device)  # [m] position of each query
+    cols = []
+    for j in range(T - 1, -1, -1):
+        cols.append(x @ kq[:, :, j, :, None])  # [B, HQ, m, 1]
+        live = (pos >= j).to(dtype)[:, None]  # [m, 1]: queries the transform H_j reaches
+        for r in range(wq.shape[3] - 1, -1, -1):  # x <- H_{j,r} x, H_{j,R} first
+            wr = wq[:, :, j, r, :, None]  # [B, HQ, D, 1]
+            x = x - (x @ wr) * bq[:, :, j, r, None, None] * live * wr.mT
+    logits = torch.cat(cols[::-1], dim=-1) * scale  # [B, HQ, m, T]
+    if g is not None:
+        G = g.to(dtype).cumsum(1).transpose(1, 2)  # [B, HQ, T]
+        Gi = G[:, :, T - m:, None]  # [B, HQ, m, 1]
+        logits = logits + (Gi - G[:, :, None, :])
+    allowed = torch.arange(T, device=q.device)[None, :] <= pos[:, None]  # [m, T]
+    allowed = allowed[None, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask.to(torch.bool)[:, None, None, :]
+    p = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.nan_to_num(p, nan=0.0)  # rows without a key: 0 / 0

@@ -7,8 +7,8 @@ over block tensors (`blockwise`), its autograd.Function (`function`), the public
 
 from .cache import SBACache
 from .decode import sb_attn_last_rows, sb_attn_prefill, sb_attn_step
-from .reference import sb_attn_naive
+from .reference import sb_attn_naive, sb_attn_weights
 from .sb_attn import sb_attn
 
-__all__ = ["sb_attn", "sb_attn_naive", "sb_attn_prefill", "sb_attn_step",
+__all__ = ["sb_attn", "sb_attn_naive", "sb_attn_weights", "sb_attn_prefill", "sb_attn_step",
            "sb_attn_last_rows", "SBACache"]

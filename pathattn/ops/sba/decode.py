@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..common.heads import compute_dtype, default_scale
-from ..common.padding import LeftPadding, check_attention_mask
+from ..common.padding import MaskedRows, check_attention_mask
 from ..common.validation import check_block_size
 from .blockwise import later_keys_matrix, tile_weights
 from .cache import SBACache
@@ -34,11 +34,12 @@ def sb_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         q, k, v, scale, attend_current, block_size: as `sb_attn` (q [B, T, HQ, D]; k
             [B, T, H, D]; v [B, T, H, Dv]).
         attention_mask: optional [B, T] (bool or integer 0 / 1): 1 for real tokens, 0 for
-            padding, padding only on the left. Each row then equals its real tokens run
-            alone; output rows at padding are zero.
+            masked ones, anywhere (left padding is the common case). A masked token is
+            removed from its row: each row equals its real tokens run alone; output rows at
+            masked tokens are zero.
 
     Returns (o [B, T, HQ, Dv] in q's dtype, differentiable as `sb_attn`; SBACache holding
-    k and v detached, with each row's start after its padding).
+    k and v detached, with the mask as its key mask).
     """
     check_sb_attn_inputs(q, k, v, scale, None, attend_current)
     B, T = q.shape[:2]
@@ -46,14 +47,15 @@ def sb_attn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     kw = dict(scale=scale, attend_current=attend_current, block_size=block_size)
     if mask is None:
         return sb_attn(q, k, v, **kw), SBACache(k.detach(), v.detach())
-    pad = LeftPadding(mask)
+    pad = MaskedRows(mask)
     o = sb_attn(pad.pack(q), pad.pack(k), pad.pack(v), cu_seqlens=pad.cu_seqlens, **kw)
-    return pad.unpack(o), SBACache(k.detach(), v.detach(), pad.start)
+    return pad.unpack(o), SBACache(k.detach(), v.detach(), mask)
 
 
 def sb_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SBACache, *,
                  scale: float | None = None, attend_current: bool = False,
-                 block_size: int | None = None) -> torch.Tensor:
+                 block_size: int | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
     """m new tokens after `cache` (which they are appended to, in place).
 
     Args:
@@ -61,6 +63,7 @@ def sb_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SBACa
         cache: the `SBACache` of `sb_attn_prefill` (and earlier steps).
         scale, attend_current: as `sb_attn` (the prefill's values).
         block_size: keys per tile, default DECODE_BLOCK_SIZE.
+        mask: None or [B, m] (bool or 0 / 1): 0 at masked new tokens (no key; output 0).
 
     Returns o [B, m, HQ, Dv] in q's dtype: the last m rows of `sb_attn` on the cached
     sequence plus these tokens (m = 0: empty, the cache unchanged). Differentiable through
@@ -77,14 +80,17 @@ def sb_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SBACa
                              f"{tuple(x.shape)}")
     if q.shape[1] == 0:
         return q.new_zeros(q.shape[:3] + v.shape[3:])
-    cache.append(k, v)
-    return sb_attn_last_rows(q, cache.k, cache.v, scale=scale, attend_current=attend_current,
-                             start=cache.start, block_size=block_size)
+    keep = check_attention_mask(mask, q.shape[0], q.shape[1], q.device)
+    cache.append(k, v, keep)
+    o = sb_attn_last_rows(q, cache.k, cache.v, scale=scale, attend_current=attend_current,
+                          key_mask=cache.key_mask, block_size=block_size)
+    return o if keep is None else torch.where(keep[..., None, None], o, o.new_zeros(()))
 
 
 def sb_attn_last_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       scale: float | None = None, attend_current: bool = False,
                       start: torch.Tensor | None = None,
+                      key_mask: torch.Tensor | None = None,
                       block_size: int | None = None) -> torch.Tensor:
     """The last m rows of `sb_attn` on a sequence of n keys.
 
@@ -92,6 +98,7 @@ def sb_attn_last_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         q: [B, m, HQ, D] queries of positions n - m .. n - 1 (m <= n).
         k: [B, n, H, D], v: [B, n, H, Dv] every key and value.
         start: None or int [B]: keys before start[b] are absent (left padding).
+        key_mask: None or bool [B, n]: False marks absent keys (masked tokens).
         scale, attend_current: as `sb_attn`; block_size: keys per tile (DECODE_BLOCK_SIZE).
 
     Returns o [B, m, HQ, Dv] in q's dtype.
@@ -101,6 +108,9 @@ def sb_attn_last_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     n, H, Dv = k.shape[1], k.shape[2], v.shape[3]
     if start is not None:
         check_start(start, B, n, q.device)
+    if key_mask is not None and (not isinstance(key_mask, torch.Tensor) or tuple(
+            key_mask.shape) != (B, n) or key_mask.dtype != torch.bool):
+        raise ValueError(f"key_mask must be a bool tensor [B, n] = [{B}, {n}]")
     C = check_block_size(block_size) or DECODE_BLOCK_SIZE
     Gr, cd, s = HQ // H, compute_dtype(q.dtype), default_scale(D, scale)
     if B * m == 0:
@@ -117,6 +127,8 @@ def sb_attn_last_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             keys[None, :] < pos[:, None]  # [R, c]
         if start is not None:
             allowed = allowed & (keys[None, :] >= start[:, None])[:, None, None, :]
+        if key_mask is not None:  # [B, 1, 1, c]
+            allowed = allowed & key_mask[:, None, None, lo:hi]
         kc = k[:, lo:hi].to(cd).transpose(1, 2)  # [B, H, c, D]
         t = tile_weights(qr, kc, run, s, allowed, later[: hi - lo, : hi - lo])
         o += t.A @ v[:, lo:hi].to(cd).transpose(1, 2)  # [B, H, R, Dv]

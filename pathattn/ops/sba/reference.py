@@ -21,7 +21,7 @@ import torch
 
 from ..common.heads import default_scale, expand_kv_heads
 
-__all__ = ["sb_attn_naive"]
+__all__ = ["sb_attn_naive", "sb_attn_weights"]
 
 
 def sb_attn_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -75,3 +75,37 @@ def _one_sequence(q, k, v, scale: float, attend_current: bool) -> torch.Tensor:
     factors = torch.where(between, 1 - beta[:, :, None, :], torch.ones_like(beta[:, :, None]))
     A = torch.where(allowed, beta * factors.prod(dim=-1), torch.zeros_like(beta))  # [HQ, L, L]
     return torch.einsum("hij,jhd->ihd", A, v)
+
+
+def sb_attn_weights(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None,
+                    attend_current: bool = False, key_mask: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The stick-breaking weights A_ij (module docstring) of the last m positions of one
+    sequence per row (m = T: the whole prompt).
+
+    Args:
+        q: [B, m, HQ, D] queries of positions T - m .. T - 1; k: [B, T, H, D].
+        scale, attend_current: as `sb_attn_naive`.
+        key_mask: None or bool [B, T]: False marks positions that are no key (masked
+            tokens): they get no weight and break no stick.
+        dtype: the computation's dtype (float64 by default).
+
+    Returns A [B, HQ, m, T] in `dtype`; a row sums to at most 1 (what is left of the stick
+    goes nowhere). The product over the keys between j and i is a sum of
+    log(1 - sigmoid(z)) (a suffix sum over the allowed keys, O(m * T) memory per head).
+    """
+    B, m, HQ, D = q.shape
+    T = k.shape[1]
+    s = default_scale(D, scale)
+    kq = expand_kv_heads(k.to(dtype).transpose(1, 2), HQ // k.shape[2])  # [B, HQ, T, D]
+    z = s * (q.to(dtype).transpose(1, 2) @ kq.mT)  # [B, HQ, m, T]
+    pos = torch.arange(T - m, T, device=q.device)[:, None]  # [m, 1]
+    j = torch.arange(T, device=q.device)[None, :]  # [1, T]
+    allowed = (j <= pos) if attend_current else (j < pos)  # [m, T]
+    allowed = allowed[None, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask.to(torch.bool)[:, None, None, :]
+    ln = torch.where(allowed, torch.nn.functional.logsigmoid(-z), z.new_zeros(()))
+    later = ln.flip(-1).cumsum(-1).flip(-1) - ln  # sum over the allowed keys after j
+    log_a = torch.nn.functional.logsigmoid(z) + later
+    return torch.where(allowed, log_a.exp(), z.new_zeros(()))

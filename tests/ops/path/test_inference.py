@@ -264,21 +264,65 @@ def test_truncate_limits():
     inputs = case.inputs()
     _, state = prefill(case, inputs)
     with pytest.raises(ValueError, match=r"^new_len=29 is out of range.*\[30, 30\]"):
-        state.truncate(29)  # nothing to go back to after the prefill
+        state.truncate(29)  # nothing to go back to after the prefill (no history)
     run_steps(inputs, state, 30, 30 + 3, sizes=(1,))
-    path_attn_step(*make_inputs(2, 4, 4, 2, 32, 32, seed=3), state=state)  # positions 33..36
-    with pytest.raises(ValueError, match=r"^new_len=32 is out of range.*\[33, 37\]"):
-        state.truncate(32)
+    draft = make_inputs(2, 4, 4, 2, 32, 32, seed=3)
+    path_attn_step(*draft, state=state)  # positions 33..36
+    with pytest.raises(ValueError, match=r"^new_len=29 is out of range.*\[30, 37\]"):
+        state.truncate(29)  # the pending window starts at 30
     with pytest.raises(ValueError, match=r"^new_len=38 is out of range"):
         state.truncate(38)
     with pytest.raises(ValueError, match=r"^new_len must be an int"):
         state.truncate(34.0)
     state.truncate(35)
-    state.truncate(33)  # again, down to the start of the last step
-    assert len(state) == 33
+    state.truncate(31)  # into an earlier step of the window
+    assert len(state) == 31
+    assert rel_err(state.k, naive_keys(*(x[:, :31] for x in (inputs[1], inputs[3],
+                                                             inputs[4])))) < 1e-5
     _ = state.k  # reading the keys commits: no going back any more
-    with pytest.raises(ValueError, match=r"^new_len=32 is out of range.*\[33, 33\]"):
-        state.truncate(32)
+    with pytest.raises(ValueError, match=r"^new_len=30 is out of range.*\[31, 31\]"):
+        state.truncate(30)
+
+
+@pytest.mark.parametrize("gates", [True, False], ids=["gates", "nogates"])
+def test_history_truncates_to_every_length(gates: bool):
+    """With history the cache goes back to any length, into the prompt and across commits,
+    and continues exactly as a fresh prefill of the kept prefix."""
+    case = Case(P=9, new=9, gates=gates, window=2)
+    inputs = case.inputs()
+    n = case.P + case.new
+    for keep in range(n + 1):
+        o, state = path_attn_prefill(*sl(inputs, 0, case.P), history=True)
+        state.max_pending_tokens = 2
+        run_steps(inputs, state, case.P, n, sizes=(1, 3))
+        assert state.min_len == 0 and state.has_history
+        state.truncate(keep)
+        o_new = run_steps(inputs, state, keep, n, sizes=(2,)) if keep < n else None
+        assert len(state) == n
+        if o_new is not None:
+            assert rel_err(o_new, path_attn(*inputs)[:, keep:]) < F32_TOL, keep
+    hist = state.history_inputs()
+    assert torch.equal(hist.k, inputs[1]) and torch.equal(hist.beta[..., 0], inputs[4])
+
+
+def test_masked_tokens_equal_their_removal():
+    """Zeros anywhere in the prefill mask and in a step's mask: every row equals its real
+    tokens run alone (no key, no transform, no gate for a masked token)."""
+    B, P, new = 3, 12, 6
+    inputs = make_inputs(B, P + new, 4, 2, 32, 32, True)
+    mask = torch.ones(B, P + new, dtype=torch.bool)
+    mask[0, [0, 1, 5, 6, 11]] = False  # left padding, a hole, the prompt's last token
+    mask[1, [3, P + 1]] = False  # a hole in the prompt and one in a decode step
+    mask[2, P - 2:P] = False  # right padding of the prompt
+    o, state = path_attn_prefill(*sl(inputs, 0, P), attention_mask=mask[:, :P])
+    o_new = torch.cat([path_attn_step(*sl(inputs, t, t + 3), state=state,
+                                      mask=mask[:, t:t + 3]) for t in (P, P + 3)], dim=1)
+    got = torch.cat([o, o_new], dim=1)
+    assert torch.equal(state.key_mask, mask)
+    for b in range(B):
+        alone = tuple(None if x is None else x[b: b + 1, mask[b]] for x in inputs)
+        assert rel_err(got[b: b + 1, mask[b]], path_attn(*alone)) < F32_TOL, b
+        assert torch.all(got[b, ~mask[b]] == 0)
 
 
 # ----------------------------------------------------------------------------- padding
@@ -391,10 +435,8 @@ BAD_MASKS = [
     pytest.param(torch.ones(2, 5), r"^attention_mask must be bool or integer", id="float"),
     pytest.param(_mask([[0, 1, 2, 1, 1], [1] * 5]), r"^attention_mask must hold only 0",
                  id="not-binary"),
-    pytest.param(_mask([[1, 1, 1, 0, 0], [1] * 5]), r"^attention_mask: padding must be on "
-                 r"the left", id="right-padding"),
-    pytest.param(_mask([[0, 1, 0, 1, 1], [1] * 5]), r"^attention_mask: padding must be on "
-                 r"the left", id="holes"),
+    pytest.param(torch.ones(2, 5, dtype=torch.long, device="meta"), r"^attention_mask is on "
+                 r"meta", id="device"),
 ]
 
 
