@@ -10,8 +10,10 @@ module per group of subcommands.
 
 A group module has `register(sub)`, which adds its subparsers, each with the default
 `run(args, parser) -> exit code`; flags several commands share live in `args`. Usage
-errors exit with 2, a --out locked by another run with 1, a training stopped by SIGINT /
-SIGTERM with 128 + the signal number after printing the command that resumes it.
+errors (and a training stopped by a non-finite value) exit with 2, a --out locked by
+another process and failures of the machine (a full disk, memory) with 1, each with one
+line on stderr; a training stopped by SIGINT / SIGTERM with 128 + the signal number after
+printing the command that resumes it.
 """
 
 from __future__ import annotations
@@ -58,10 +60,36 @@ def _one_line_warnings(default_show, categories: tuple[type[Warning], ...]):
     return show
 
 
+def _environment_error(command: str, error: BaseException, argv: Sequence[str]
+                       ) -> str | None:
+    """The one-line message of a failure of the machine rather than of the arguments (a
+    full disk, a file that cannot be read or written, memory), or None for another
+    error. Training commands add how to continue."""
+    from ..utils.io import is_disk_full
+
+    resume = "" if command in NOTHING_TO_RESUME else \
+        f"; once fixed, continue with: {_resume_command(argv)} (or start over: --overwrite)"
+    if is_disk_full(error):
+        return (f"no space left (disk full, or over the file size limit) writing "
+                f"{error.filename or 'a file'}: {error.strerror}; the files written before "
+                f"are intact{resume}")
+    if isinstance(error, OSError):
+        where = f"{error.filename}: " if error.filename else ""
+        return f"{where}{error.strerror or error}"
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or (
+            isinstance(error, RuntimeError) and "can't allocate memory" in str(error)):
+        return (f"out of memory ({str(error).splitlines()[0][:200]}); use a smaller "
+                f"--batch-size / --seq-len or a smaller model{resume}")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. A training stopped by a signal exits with 128 + its number after
-    printing how to resume; a --out locked by another run exits with 1."""
+    printing how to resume; a --out locked by another process, a full disk or another
+    failure of the machine exits with 1, a non-finite training with 2, each with one
+    line on stderr."""
     from ..train.checkpoint import CheckpointWarning
+    from ..train.divergence import NonFiniteTraining
     from ..train.run_dir import RunDirBusy
     from ..train.signals import TrainingInterrupted
 
@@ -74,6 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.run(args, parser)
         except RunDirBusy as e:
             print(f"pathattn {args.command}: error: {e}", file=sys.stderr)
+            return 1
+        except NonFiniteTraining as e:
+            print(f"pathattn {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        except (OSError, MemoryError, RuntimeError) as e:
+            message = _environment_error(args.command, e, argv)
+            if message is None:
+                raise
+            print(f"pathattn {args.command}: error: {message}", file=sys.stderr)
             return 1
         except TrainingInterrupted as e:
             print(f"pathattn {args.command}: {e}\nresume with: {_resume_command(argv)}",

@@ -7,8 +7,11 @@
 The model is the preset's `ModelConfig` with the data's vocabulary, the chosen attention
 type and any `--model-arg KEY=VALUE`; the loop options default to the paper's recipe
 (`PretrainConfig`), the warmup to 2 % of the steps. `--resume` continues RUN's checkpoint
-with the config stored there. At the end RUN/hf holds the model and tokenizer for
-`AutoModelForCausalLM` / `AutoTokenizer` (unless --no-export).
+with the config stored there (an option that would change the run is refused). At the end
+RUN/hf holds the model and tokenizer for `AutoModelForCausalLM` / `AutoTokenizer` in a
+process that imported pathattn (unless --no-export). Before any work the data's tokenizer,
+--init's tokenizer, --out and the memory of a step are checked; a non-finite loss or
+gradient norm stops the run (exit 2).
 
 `--init DIR` starts from the weights of a Hugging Face export folder (a `pathattn pretrain`
 or `pathattn convert` output, DIR/hf) with its model config: continued pretraining, e.g.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 from .args import (
     DTYPE_OPTION,
@@ -39,6 +43,9 @@ from .args import (
 
 HELP = "pretrain a language model on prepared text"
 DEFAULT_STEPS = 200
+# transformers knows pathattn's model type once pathattn is imported (registration)
+LOAD_HINT = ("import pathattn; from transformers import AutoModelForCausalLM; "
+             "AutoModelForCausalLM.from_pretrained({path!r})")
 
 # dest == PretrainConfig field
 LOOP_OPTIONS = [
@@ -139,8 +146,9 @@ def _new_config(args: argparse.Namespace, given: dict):
         raise ValueError("--data: a prepared folder is required (pathattn prepare)")
     vocab = TokenDataset(args.data, "train").vocab_size
     seq_len = given.get("seq_len", PretrainConfig.seq_len)
-    cfg = dict(given, data=args.data, model=_model_config(args, vocab, seq_len),
-               init=args.init or "")
+    # absolute paths: a resume from another working folder reads the same files
+    cfg = dict(given, data=_absolute(args.data), model=_model_config(args, vocab, seq_len),
+               init=_absolute(args.init) if args.init else "")
     tokens_per_step = (seq_len * given.get("batch_size", PretrainConfig.batch_size)
                        * given.get("accum", PretrainConfig.accum))
     cfg["steps"] = _steps(args, tokens_per_step)
@@ -161,7 +169,45 @@ def pretrain_config(args: argparse.Namespace):
     common = dict(out_dir=args.out, progress=not args.no_progress)
     if not args.resume:
         return _new_config(args, {**given, **common})
-    return config_for_resume(PretrainConfig, args.out, given, common)
+    return config_for_resume(PretrainConfig, args.out, given, common,
+                             changes=lambda stored: _resume_changes(args, stored))
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).resolve())
+
+
+def _resume_changes(args: argparse.Namespace, stored: dict) -> dict:
+    """{flag: (the run's value, the given one)} of the options given with --resume that
+    are not loop options and would change the run: --data, --init (another folder),
+    --attn, --model-arg, --preset (another model), --steps / --tokens (another length)."""
+    from ..models.config import PRESETS
+
+    changes = {}
+    for flag_, key in (("--data", "data"), ("--init", "init")):
+        value = getattr(args, key)
+        if value and (not stored.get(key) or _absolute(value) != _absolute(stored[key])):
+            changes[flag_] = (stored.get(key), value)
+    model = stored.get("model") or {}
+    if args.attn and args.attn != model.get("attn_type"):
+        changes["--attn"] = (model.get("attn_type"), args.attn)
+    overrides = model_args(args.model_arg)
+    for key, value in overrides.items():
+        if model.get(key) != value:
+            changes[f"--model-arg {key}"] = (model.get(key), value)
+    if args.preset:
+        fixed = {"vocab_size", "attn_type", "max_position_embeddings", *overrides}
+        other = {k: model.get(k) for k, v in PRESETS[args.preset].items()
+                 if k not in fixed and model.get(k) != v}
+        if other:
+            changes["--preset"] = (other, args.preset)
+    if args.steps is not None or args.tokens is not None:
+        per_step = stored["seq_len"] * stored["batch_size"] * stored["accum"]
+        if _steps(args, per_step) != stored["steps"]:
+            changes["--steps" if args.tokens is None else "--tokens"] = (
+                stored["steps"] * (1 if args.tokens is None else per_step),
+                args.steps if args.tokens is None else args.tokens)
+    return changes
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -169,19 +215,25 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..data import DataError
     from ..train import Trainer
     from ..train.pretrain_run import train_and_export
+    from ..utils.io import writable_dir
 
     try:
         cfg = pretrain_config(args)
         if args.context_parallel > 1 and cfg.packing != "windows":
             raise ValueError("--context-parallel: the ring splits plain windows; add "
                              "--packing windows")
+        writable_dir(args.out, "--out")
         trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite, dp=args.dp,
                           context_parallel=args.context_parallel)
     except (ValueError, DataError) as e:
         parser.error(str(e))
-    metrics, path = train_and_export(trainer, export=not args.no_export)
+    try:
+        metrics, path = train_and_export(trainer, export=not args.no_export)
+    except DataError as e:  # a data folder changed or damaged while training
+        parser.error(str(e))
     if trainer.is_main:
         if path is not None:
-            print(f"wrote {path}")
+            print(f"wrote {path} (load it in a process that imported pathattn: "
+                  f"{LOAD_HINT.format(path=str(path))})")
         print(json.dumps(metrics))
     return 0

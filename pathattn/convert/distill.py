@@ -403,12 +403,20 @@ def unsharded_student(config, state: dict[str, torch.Tensor]) -> nn.Module:
 
 
 def export_student(student: nn.Module, out: str | os.PathLike,
-                   tokenizer: Any | None = None) -> Path:
-    """`save_pretrained` of the student (and the tokenizer) into `out`, replacing a
-    previous export only once the new one is complete. Returns the folder."""
+                   tokenizer: Any | None = None, step: int = 0) -> Path:
+    """`save_pretrained` of the student (and the tokenizer, with its identity:
+    `pathattn.data.identity`) into `out`, replacing a previous export only once the new
+    one is complete. NonFiniteTraining (at `step`; nothing written) when a weight is not
+    finite. Returns the folder."""
+    from ..data.identity import tokenizer_identity, write_export_identity
+    from ..hf.export import save_tokenizer
+    from ..train.divergence import check_finite_weights
+
     out = Path(out)
+    check_finite_weights(student, step)
     with atomic_dir(out) as tmp:
         student.save_pretrained(tmp)
         if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp)  # without its BOS template (pathattn.hf.export)
+            write_export_identity(tmp, tokenizer_identity(tokenizer))
     return out

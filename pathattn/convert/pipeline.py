@@ -13,7 +13,9 @@ Layout of the output folder `out`:
     out/metrics.json     {"teacher": {...}, "init": {...}, "stage1": {...}, "stage2": {...},
                          "final_kl", "final_ppl", "teacher_ppl", "ppl_ratio"}
 
-Each stage is one run folder of the training loop: `resume=True` continues a stage from its
+Before any work the teacher must be a local folder whose tokenizer is the data's (or hold
+none: the data's is exported then) and `out` writable (`teacher_tokenizer`). Each stage is
+one run folder of the training loop: `resume=True` continues a stage from its
 last checkpoint and skips a stage that has finished (same config, exported student), so
 an interrupted conversion picks up where it stopped; `overwrite=True` starts over,
 deleting only the files this layout names.
@@ -36,8 +38,9 @@ from typing import Any
 import torch.distributed as dist
 
 from ..distributed import DP_MODES, full_state_dict, init_from_env
+from ..train.checkpoint import remove_tree
 from ..train.run_dir import finished_metrics, lock_run_dir
-from ..utils.io import atomic_dir, atomic_write_json
+from ..utils.io import atomic_dir, atomic_write_json, remove_file, writable_dir
 from .distill import DistillConfig, export_student, unsharded_student
 from .student import DEFAULT_INIT, PaTHInit
 
@@ -78,15 +81,49 @@ def stage_configs(teacher: str, data: str, out: str, *, stage1_tokens: int,
 
 
 def teacher_tokenizer(teacher: str, data: str):
-    """The teacher folder's tokenizer, else the one the data was prepared with."""
-    from transformers import AutoTokenizer
+    """The tokenizer the student is exported with: the teacher folder's, which must be the
+    one the data was prepared with and fit the teacher's vocabulary, or, when the teacher
+    folder holds none, the data's own (checked against its meta.json). DataError naming
+    both identities otherwise (`pathattn.data.identity`)."""
+    from ..data import TokenDataset
+    from ..data.identity import (
+        check_same,
+        data_identity,
+        data_tokenizer,
+        model_tokenizer,
+        tokenizer_identity,
+    )
+    from ..data.tokenizer import TOKENIZER_FILE_NAMES
 
-    from ..data import TokenDataset, load_tokenizer
+    meta = TokenDataset(data, "train").meta
+    if not any((Path(teacher) / name).is_file() for name in TOKENIZER_FILE_NAMES):
+        return data_tokenizer(data, meta)
+    tok, found = model_tokenizer(teacher, "teacher")
+    expected = data_identity(meta)
+    if expected is None:  # prepared before identities: its tokenizer folder tells
+        expected = tokenizer_identity(data_tokenizer(data, meta))
+    check_same(expected, found, f"the tokenizer {data} was prepared with",
+               f"the teacher's ({teacher}; prepare the data with --tokenizer {teacher})",
+               "data")
+    return tok
 
-    try:
-        return AutoTokenizer.from_pretrained(str(teacher))
-    except (OSError, ValueError, TypeError):
-        return load_tokenizer(TokenDataset(data, "train").meta["tokenizer"]["path"])
+
+def _check_folders(teacher: str, out: Path, resume: bool) -> None:
+    """Start-up checks of the folders: the teacher a local folder, `out` writable, the
+    stage folders real folders (a symlink in their place is replaced by a folder, or
+    refused on resume: it is never followed). ValueError naming the argument."""
+    if not Path(teacher).is_dir():
+        raise ValueError(f"teacher: no such folder {teacher} (a local model folder with "
+                         "config.json; fetch a Hub model first, e.g. `huggingface-cli "
+                         "download ID --local-dir DIR`)")
+    writable_dir(out, "out")
+    for name in ("stage1", "stage2", "hf"):
+        if (out / name).is_symlink():
+            if resume:
+                raise ValueError(f"out: {out / name} is a symlink; a conversion writes "
+                                 "into real folders only: move the folder it points to in "
+                                 "its place, then resume")
+            remove_file(out / name)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -128,7 +165,7 @@ def _export(trainer, export_to: Path, tokenizer) -> None:
             return
         student = unsharded_student(student.config, state)
     if trainer.is_main:
-        export_student(student, export_to, tokenizer)
+        export_student(student, export_to, tokenizer, trainer.step)
 
 
 def _run_stage(cfg: DistillConfig, export_to: Path, tokenizer, *, resume: bool,
@@ -208,16 +245,17 @@ def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.P
         raise ValueError(f"dp={dp!r} needs torch.distributed (launch with torchrun "
                          "--nproc_per_node ...)")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cfgs = stage_configs(str(teacher), str(data), str(out), **options)
-    tokenizer = teacher_tokenizer(str(teacher), str(data))
     main = _is_main()
+    if main:
+        _check_folders(str(teacher), out, resume)
+    tokenizer = teacher_tokenizer(str(teacher), str(data))
     lock = lock_run_dir(out) if main else None
     try:
         if overwrite and main:
             for name in _OWN_FILES:
-                (out / name).unlink(missing_ok=True)
-            shutil.rmtree(out / "hf", ignore_errors=True)
+                remove_file(out / name)
+            remove_tree(out / "hf")
         _barrier()
         metrics = []
         for i, cfg in enumerate(cfgs):

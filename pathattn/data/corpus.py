@@ -12,7 +12,9 @@ Documents (our choices):
 Inputs (`collect_sources`): a file given explicitly is read whatever its extension
 (`.jsonl` / `.parquet` as records, anything else as text); a folder is searched
 recursively for `TEXT_EXTENSIONS` and `RECORD_EXTENSIONS`, skipping hidden names (".git",
-".cache", ...) and symlinked folders, in sorted relative-path order. A file reached twice
+".cache", ...), symlinked folders and anything but regular files, in sorted relative-path
+order. An input that is neither a regular file nor a folder (/dev/zero, a FIFO) is refused:
+reading it would never end or would block. A file reached twice
 (given twice, or also inside a given folder) is read once, at its first occurrence. A
 missing path, or inputs that hold no file at all, raise `DataError`.
 
@@ -88,8 +90,10 @@ def _walk(folder: Path, extensions: Sequence[str], skip_dirs: Sequence[str] = ()
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in skip_dirs]
         for name in filenames:
-            if not name.startswith(".") and Path(name).suffix.lower() in extensions:
-                found.append(Path(dirpath, name))
+            path = Path(dirpath, name)  # regular files only: a FIFO or device blocks
+            if not name.startswith(".") and path.suffix.lower() in extensions and \
+                    path.is_file():
+                found.append(path)
     return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 
@@ -111,6 +115,18 @@ def default_corpus_source(include_tests: bool = False) -> Source:
         raise DataError("default corpus: no *.py file in the standard library folder")
     root = Path(sysconfig.get_paths()["stdlib"]).resolve()
     return Source("<python-stdlib>", root, "python-stdlib", tuple(f.resolve() for f in files))
+
+
+def _special_kind(path: Path) -> str:
+    """What a path that is neither a regular file nor a folder is, for messages."""
+    import stat
+
+    mode = path.stat().st_mode
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def _has_pyarrow() -> bool:
@@ -138,8 +154,11 @@ def collect_sources(inputs: Sequence[str | os.PathLike] | None) -> list[Source]:
         root = path.resolve()
         if root.is_dir():
             kind, files = "folder", _walk(root, TEXT_EXTENSIONS + RECORD_EXTENSIONS)
-        else:
+        elif root.is_file():
             kind, files = file_kind(root), [root]
+        else:  # reading a device or a FIFO would never end, or block
+            raise DataError(f"input {str(given)!r}: not a regular file or a folder (a "
+                            f"{_special_kind(root)}); give text files or folders")
         files = [f for f in files if f not in seen]
         seen.update(files)
         sources.append(Source(str(given), root, kind, tuple(files)))

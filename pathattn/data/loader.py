@@ -153,6 +153,10 @@ def _make_batch(stream: _Stream, index: int, seq_len: int, batch_size: int, mode
     """Rows `rows` of global batch `index` of `stream`."""
     n = batch_size * seq_len
     tokens, first, last, pad = stream.read(index * n, n + 1)
+    vocab = stream.data.vocab_size
+    if n and int(tokens.max()) >= vocab:  # a damaged or hand-edited folder
+        raise DataError(f"{stream.data.path}: {stream.data.split}.bin holds token id "
+                        f"{int(tokens.max())}, not below the vocab_size {vocab} of meta.json")
     labels = _labels(tokens, last, pad, mode)  # [n]
     a, b = rows[0] * seq_len, rows[1] * seq_len
     shape = (1, b - a) if mode == "packed" else (rows[1] - rows[0], seq_len)
@@ -284,7 +288,8 @@ class EvalLoader(_Loader):
         super().__init__(data, seq_len, batch_size, mode, rank, world_size)
         if data.num_tokens == 0:
             raise DataError(f"{data.path}: the {data.split} split holds no document "
-                            f"(prepared with val_fraction={data.meta.get('val_fraction')})")
+                            f"(prepared with val_fraction={data.meta.get('val_fraction')}); "
+                            "evaluating needs one: prepare with a val_fraction > 0")
         self.stream = _Stream(data, 0, shuffle=False, endless=False)
 
     def __len__(self) -> int:

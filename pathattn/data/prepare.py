@@ -6,9 +6,10 @@ Layout of the output folder (format "pathattn-tokens", version 1):
                           when len(tokenizer) <= 65536, else uint32 (native byte order)
     train.idx, val.idx    int64 [documents + 1]: document d is bin[idx[d]:idx[d + 1]]
     meta.json             tokenizer (path, class, vocab size, bos / eos / pad ids, sha256
-                          of its files), dtype, documents and tokens per split, the sources
-                          with their sha256 (`pathattn.data.corpus`; the default corpus's
-                          record holds the Python version), val_fraction, seed, versions
+                          of its files, identity: `pathattn.data.identity`), dtype,
+                          documents and tokens per split, the sources with their sha256
+                          (`pathattn.data.corpus`; the default corpus's record holds the
+                          Python version), val_fraction, seed, versions
 
 Choices and reasons:
 - Documents are encoded without the tokenizer's own special tokens, then get BOS first
@@ -28,10 +29,11 @@ Choices and reasons:
   the parent may hold torch / tokenizers thread pools; a script that calls
   `prepare_dataset` with workers > 1 needs the usual `if __name__ == "__main__":` guard);
   results are consumed in input order, so the files are byte-identical for any number of
-  workers.
+  workers. Workers die with the parent, a SIGKILL included (`pathattn.utils.system`).
 - Atomic: every file is written under a temp name and moved into place at the end
   (`pathattn.data._files`); meta.json is removed first and written last, so a folder with
   meta.json is complete. A failure (bad line, Ctrl-C) leaves a previous dataset intact.
+  The folder is locked while written: a second `prepare` on it is refused at once.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..utils.system import die_with_parent
 from ._files import AtomicFile, package_versions, prepare_out_dir, write_json
 from .corpus import CorpusReader, DataError, collect_sources, read_text_file
+from .identity import folder_files_sha256, tokenizer_identity
 from .tokenizer import load_tokenizer, special_ids
 
 __all__ = ["prepare_dataset", "token_dtype", "split_key", "DATA_FILES", "SPLITS", "FORMAT",
@@ -110,11 +114,12 @@ class _Encoder:
 _WORKER_ENCODER: _Encoder | Exception | None = None
 
 
-def _init_worker(tokenizer: str, seed: int, dtype: str) -> None:
-    """Worker initializer. An error is kept and raised by the first task, so that it
-    reaches the parent with its message (an initializer that raises only breaks the
-    pool)."""
+def _init_worker(tokenizer: str, seed: int, dtype: str, parent_pid: int) -> None:
+    """Worker initializer: the worker dies with the parent (`die_with_parent`). An error
+    is kept and raised by the first task, so that it reaches the parent with its message
+    (an initializer that raises only breaks the pool)."""
     global _WORKER_ENCODER
+    die_with_parent(parent_pid)
     try:
         _WORKER_ENCODER = _Encoder(tokenizer, seed, dtype)
     except Exception as e:  # handed to the parent
@@ -165,10 +170,11 @@ def _chunks(items: Iterator, size: int) -> Iterator[list]:
 def _encoded_in_workers(tasks: Iterator, args: tuple, workers: int) -> Iterator[tuple]:
     """`_Encoder` results of `tasks` from `workers` spawned processes, in order. At most
     2 * workers chunks are in flight, so that reading stays just ahead of tokenizing. A
-    worker that dies (killed, out of memory) raises BrokenProcessPool rather than hangs."""
+    worker that dies (killed, out of memory) raises BrokenProcessPool rather than hangs;
+    workers die with this process (`_init_worker`), a SIGKILL included."""
     context = mp.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=args) as pool:
+                             initargs=(*args, os.getpid())) as pool:
         pending: deque = deque()
         try:
             for chunk in _chunks(tasks, CHUNKSIZE):
@@ -240,15 +246,8 @@ def _check_splits(writers: dict, skipped: int, val_fraction: float) -> None:
         raise DataError(f"the validation split is empty: none of the {train} documents fell "
                         f"in it (val_fraction={val_fraction}; a document goes there when the "
                         "hash of its text and the seed is below that fraction); use a larger "
-                        "val_fraction, another seed, or val_fraction=0 for no validation split")
-
-
-def _files_sha256(folder: Path) -> str:
-    """sha256 over "<name>\\0<sha256>\\n" of the folder's top-level files, sorted."""
-    lines = []
-    for path in sorted(p for p in folder.iterdir() if p.is_file()):
-        lines.append(f"{path.name}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
+                        "val_fraction or another seed (val_fraction=0 makes no validation "
+                        "split, which `pathattn pretrain` and the evaluations need)")
 
 
 def _meta(tokenizer: Path, tok, dtype, writers, skipped, reader, val_fraction, seed,
@@ -259,7 +258,8 @@ def _meta(tokenizer: Path, tok, dtype, writers, skipped, reader, val_fraction, s
         format=FORMAT, version=FORMAT_VERSION,
         tokenizer={"path": str(tokenizer), "class": type(tok).__name__,
                    "vocab_size": len(tok), **special_ids(tok),
-                   "files_sha256": _files_sha256(tokenizer)},
+                   "files_sha256": folder_files_sha256(tokenizer),
+                   "identity": tokenizer_identity(tok)},
         dtype=dtype.name, bos=tok.bos_token_id is not None,
         splits={s: dict(documents=w.documents, tokens=w.tokens) for s, w in writers.items()},
         skipped_empty_documents=skipped, val_fraction=float(val_fraction), seed=int(seed),
@@ -295,9 +295,9 @@ def prepare_dataset(inputs=None, tokenizer: str | os.PathLike = "tokenizer",
     tokenizer = Path(tokenizer).resolve()
     dtype = token_dtype(len(tok))
     reader = CorpusReader(collect_sources(inputs), text_field)
-    out = prepare_out_dir(out, DATA_FILES, overwrite)
     threshold = int(val_fraction * 2 ** 64)
     with ExitStack() as stack:
+        out = stack.enter_context(prepare_out_dir(out, DATA_FILES, overwrite))
         writers = {}
         for split in SPLITS:
             writers[split] = _SplitWriter(out, split)

@@ -30,25 +30,53 @@ import shutil
 from pathlib import Path
 
 from ..utils.io import move_into_place, temp_dir
+from ..utils.system import check_fits_memory
 from ._files import package_versions, prepare_out_dir, write_json
-from .corpus import CorpusReader, DataError, collect_sources
+from .corpus import CorpusReader, DataError, collect_sources, file_kind
 
 __all__ = ["train_tokenizer", "load_tokenizer", "special_ids", "SPECIAL_TOKENS",
-           "TOKENIZER_FILES"]
+           "TOKENIZER_FILES", "TOKENIZER_FILE_NAMES", "MAX_VOCAB_SIZE"]
 
 SPECIAL_TOKENS = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "pathattn_tokenizer.json")
+# any of these files in a folder means a tokenizer was saved there
+TOKENIZER_FILE_NAMES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                        "vocab.json")
 TEMP_NAME = "tokenizer"  # the temp folder .tokenizer.<8 hex>.tmp
 BYTE_ALPHABET = 256
 DEFAULT_VOCAB_SIZE = 32000
 
 
+MAX_VOCAB_SIZE = 2 ** 32  # ids must fit the uint32 token files of `pathattn prepare`
+BPE_BYTES_PER_TOKEN = 66  # what the `tokenizers` BPE trainer reserves per requested token
+
+
 def _check_vocab_size(vocab_size) -> int:
     low = BYTE_ALPHABET + len(SPECIAL_TOKENS)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < low:
-        raise DataError(f"vocab_size must be an int >= {low} (256 bytes + "
-                        f"{len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or \
+            not low <= vocab_size <= MAX_VOCAB_SIZE:
+        raise DataError(f"vocab_size must be an int in [{low}, 2**32] (256 bytes + "
+                        f"{len(SPECIAL_TOKENS)} special tokens; ids fit uint32), got "
+                        f"{vocab_size!r}")
+    return vocab_size
+
+
+def _trainer_vocab_size(vocab_size: int, reader: CorpusReader) -> int:
+    """The size asked of the BPE trainer: vocab_size, capped by what the corpus can give
+    (every merge needs a pair of adjacent symbols, so at most one new token per byte of
+    text and JSON Lines files; parquet text is compressed, so no cap there). The trainer
+    reserves memory for every requested token up front (and aborts the process when it
+    cannot), so a size that cannot fit is refused here (DataError)."""
+    low = BYTE_ALPHABET + len(SPECIAL_TOKENS)
+    files = [f for s in reader.sources for f in s.files]
+    if all(file_kind(f) != "parquet" for f in files):
+        vocab_size = min(vocab_size, low + sum(f.stat().st_size for f in files))
+    try:
+        check_fits_memory(BPE_BYTES_PER_TOKEN * vocab_size,
+                          f"vocab_size {vocab_size}: the BPE trainer")
+    except ValueError as e:
+        raise DataError(str(e)) from None
     return vocab_size
 
 
@@ -88,9 +116,10 @@ def train_tokenizer(inputs=None, vocab_size: int = DEFAULT_VOCAB_SIZE,
 
     Args:
         inputs: files and folders (`pathattn.data.corpus`); None = the default corpus.
-        vocab_size: size of the vocabulary, special tokens included (>= 259). A corpus too
-            small to produce that many merges gives a smaller one.
-        out: the tokenizer folder (refused when not empty, unless `overwrite`).
+        vocab_size: size of the vocabulary, special tokens included (259 to 2**32). A
+            corpus too small to produce that many merges gives a smaller one.
+        out: the tokenizer folder (refused when not empty, unless `overwrite`; locked
+            while written, `pathattn.utils.folder_lock`).
         min_frequency: pairs seen fewer times are not merged.
         text_field: the text field of JSON Lines / parquet records.
         overwrite: replace the tokenizer files of a non-empty `out` (nothing else there).
@@ -105,17 +134,28 @@ def train_tokenizer(inputs=None, vocab_size: int = DEFAULT_VOCAB_SIZE,
             min_frequency < 0:
         raise DataError(f"min_frequency must be a non-negative int, got {min_frequency!r}")
     reader = CorpusReader(collect_sources(inputs), text_field)
-    out = prepare_out_dir(out, TOKENIZER_FILES, overwrite, temp_names=(TEMP_NAME,))
-    num_texts = reader.num_files if reader.only_text_files else None
-    tok = _bpe_tokenizer(reader.texts(), num_texts, vocab_size, min_frequency, progress)
-    if sum(m["documents"] for m in reader.sources_meta()) == 0:
-        raise DataError(f"empty corpus: inputs {inputs!r} hold no document")
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, add_bos_token=True, **SPECIAL_TOKENS)
-    info = dict(vocab_size=len(hf), requested_vocab_size=vocab_size,
-                min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-                sources=reader.sources_meta(), python=platform.python_version(),
-                versions=package_versions("tokenizers", "transformers"))
-    _save(hf, out, info)
+    trainer_vocab = _trainer_vocab_size(vocab_size, reader)
+    with prepare_out_dir(out, TOKENIZER_FILES, overwrite, temp_names=(TEMP_NAME,),
+                         user="pathattn tokenizer") as out:
+        num_texts = reader.num_files if reader.only_text_files else None
+        counted = [0]  # non-empty documents: empty texts teach the trainer nothing
+
+        def texts():
+            for text in reader.texts():
+                if text:
+                    counted[0] += 1
+                    yield text
+
+        tok = _bpe_tokenizer(texts(), num_texts, trainer_vocab, min_frequency, progress)
+        if counted[0] == 0:
+            raise DataError(f"empty corpus: inputs {inputs!r} hold no non-empty document")
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, add_bos_token=True,
+                                     **SPECIAL_TOKENS)
+        info = dict(vocab_size=len(hf), requested_vocab_size=vocab_size,
+                    min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+                    sources=reader.sources_meta(), python=platform.python_version(),
+                    versions=package_versions("tokenizers", "transformers"))
+        _save(hf, out, info)
     return out
 
 
@@ -139,8 +179,8 @@ def _save(hf, out: Path, info: dict) -> None:
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """`AutoTokenizer.from_pretrained(path)`; DataError when it cannot be loaded or has no
-    eos token."""
+    """`AutoTokenizer.from_pretrained(path)`; DataError when `path` holds none of
+    `TOKENIZER_FILE_NAMES`, or the tokenizer cannot be loaded or has no eos token."""
     require_text_packages()
     from transformers import AutoTokenizer
 
@@ -148,6 +188,9 @@ def load_tokenizer(path: str | os.PathLike):
         raise DataError(f"tokenizer: {str(path)!r} is not a folder (train one with "
                         "`pathattn tokenizer --out DIR`, or give a Hugging Face tokenizer "
                         "folder)")
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILE_NAMES):
+        raise DataError(f"tokenizer: {str(path)!r} holds no tokenizer (none of "
+                        f"{', '.join(TOKENIZER_FILE_NAMES)})")
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:

@@ -7,8 +7,9 @@ resolution. pathattn registers its classes with transformers' Auto classes once 
 is imported, so `lm_eval.simple_evaluate(model="hf", model_args="pretrained=DIR")` also
 works in a process that has imported pathattn. The `lm_eval` command does not import
 pathattn; `python -m pathattn.evaluation.lmeval ARGS` runs lm-eval's own command line
-with pathattn registered (same arguments, e.g. `--model hf --model_args
-pretrained=RUN/hf,add_bos_token=False --tasks ... --device cpu`).
+with pathattn registered (same arguments, e.g. `--model hf --model_args pretrained=RUN/hf
+--tasks ... --device cpu`); an export also loads there by itself with
+`trust_remote_code=True`.
 
 Local tasks (generated into a folder passed to lm-eval as an include path; every task
 reads its data from a local JSON Lines file, `dataset_path: json`, so nothing is
@@ -27,12 +28,12 @@ downloaded):
 BOS: `lm_model` passes `add_bos_token=False` to HFLM. A rolling log-likelihood then scores
 the document's tokens (encoded without special tokens) after the prefix token, BOS (or EOS
 for a tokenizer without BOS): exactly what the model saw in pretraining, where every
-document starts with BOS. With HFLM's default (the tokenizer's own special tokens), a
-tokenizer that adds BOS (pathattn's do) would put it twice and score the second, a token
-the model never learned to predict: give `add_bos_token=False` in `--model_args` when
-running lm_eval directly. Generation prompts of the long-context tasks start with the BOS
-text when the tokenizer adds BOS, so they are encoded as in
-`pathattn.evaluation.longctx` with either setting.
+document starts with BOS. An export's tokenizer adds no BOS of its own
+(`pathattn.hf.export`), so lm_eval run directly on an export scores the same with its
+defaults; a tokenizer that adds BOS (the data's, from `pathattn prepare`) would put it
+twice under HFLM's `add_bos_token=True`. Generation prompts of the long-context tasks start
+with the BOS text whenever the tokenizer has a BOS, as the ids of
+`pathattn.evaluation.longctx.common.prompt_ids`.
 
 Lengths: HFLM scores windows of at most `max_length` tokens (default: the model config's
 max_position_embeddings) and left-truncates prompts to max_length - max_gen_toks; give
@@ -150,11 +151,23 @@ def export_documents(prepared_dir: str | os.PathLike, path: str | os.PathLike,
     """Write the documents of a prepared folder's split to the .jsonl `path`, one
     {"text", "num_tokens"} record each: the stored ids without BOS / EOS, decoded with
     `tokenizer` (default: the tokenizer folder recorded in meta.json); num_tokens counts
-    the text's tokens without special tokens. Returns the number of documents."""
-    from ..data import TokenDataset, load_tokenizer
+    the text's tokens without special tokens. Returns the number of documents.
+    DataError when `tokenizer` is not the one the folder was prepared with
+    (`pathattn.data.identity`: other ids would decode to other text) or the split is
+    empty."""
+    from ..data import DataError, TokenDataset
+    from ..data.identity import check_same, data_tokenizer, prepared_identity, tokenizer_identity
 
     data = TokenDataset(prepared_dir, split)
-    tok = load_tokenizer(data.meta["tokenizer"]["path"]) if tokenizer is None else tokenizer
+    if len(data) == 0:
+        raise DataError(f"{prepared_dir}: the {split} split holds no document")
+    if tokenizer is None:
+        tok = data_tokenizer(prepared_dir, data.meta)
+    else:
+        tok = tokenizer
+        check_same(tokenizer_identity(tok), prepared_identity(prepared_dir, data.meta),
+                   "the tokenizer given", f"the one {prepared_dir} was prepared with",
+                   "tokenizer")
     records = []
     for d in range(len(data)):
         ids = [int(i) for i in data[d]]
@@ -186,11 +199,11 @@ def write_longctx_tasks(task: LongContextTask | str, tokenizer, lengths: Sequenc
     """lm-eval tasks `<name>_<length>` (tag `<name>`, default "longctx_<task>_<variant>")
     of `n` examples of a long-context task per length: out_dir/<name>_<length>.jsonl of
     {"prompt", "answers", "target", "length", "index", "num_tokens"} records, the YAML
-    files and utils.py. A prompt starts with the BOS text when `tokenizer` adds BOS
+    files and utils.py. A prompt starts with the BOS text when `tokenizer` has a BOS
     (module docstring). Returns the YAML paths."""
     task = make_task(task) if isinstance(task, str) else task
     name = name or f"longctx_{task.name}_{task.variant}"
-    bos = tokenizer.bos_token if _adds_bos(tokenizer) else ""
+    bos = tokenizer.bos_token or ""
     out, paths = Path(out_dir), []
     out.mkdir(parents=True, exist_ok=True)
     for length in lengths:
@@ -203,12 +216,6 @@ def write_longctx_tasks(task: LongContextTask | str, tokenizer, lengths: Sequenc
         paths.append(_render("longctx.yaml", out, f"{name}_{length}", task=f"{name}_{length}",
                              tag=name, data_file=_quoted(data), max_gen_toks=budget))
     return paths
-
-
-def _adds_bos(tokenizer) -> bool:
-    """Whether `tokenizer(text)` starts with its BOS id."""
-    bos = tokenizer.bos_token_id
-    return bos is not None and tokenizer("a", verbose=False)["input_ids"][:1] == [bos]
 
 
 def main() -> None:

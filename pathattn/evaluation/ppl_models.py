@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
+from ..data.tokenizer import TOKENIZER_FILE_NAMES
 from ..utils import DTYPES, is_int
 from .ppl import (
     DEFAULT_CHUNK_SIZE,
@@ -48,8 +49,6 @@ from .ppl import (
 __all__ = ["ModelFolder", "evaluate_models", "check_model_folder", "load_model",
            "train_length"]
 
-# any of these files in a model folder means a tokenizer was saved there
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PROBE_TEXT = "def probe(x):\n    return {'h\u00e9llo': x + 1}  # \u4e16\u754c\n"
 
 
@@ -92,11 +91,22 @@ def train_length(path: str | os.PathLike, config=None) -> tuple[int | None, str 
 
 def _tokenizer_mismatch(tok, meta: dict, first_doc: np.ndarray | None) -> str | None:
     """Why `tok` is not the tokenizer of the data (meta.json "tokenizer" record), or None.
-    Vocabulary size and special ids must match; then, when the data's tokenizer folder is
-    still there, the vocabularies and the ids of a probe text; otherwise the data's first
-    document (without BOS / EOS) must decode and re-encode to the same ids."""
+    The identities must match (`pathattn.data.identity`); for data prepared before they
+    were recorded, vocabulary size and special ids must match; then, when the data's
+    tokenizer folder is still there, the vocabularies and the ids of a probe text;
+    otherwise the data's first document (without BOS / EOS) must decode and re-encode to
+    the same ids."""
     from ..data import DataError, load_tokenizer, special_ids
+    from ..data.identity import check_same, describe, tokenizer_identity
 
+    recorded = meta.get("identity")  # `pathattn.data.identity`; absent in older data
+    if isinstance(recorded, dict):
+        found = tokenizer_identity(tok)
+        try:
+            check_same(found, recorded, "", "", "")
+        except DataError:
+            return f"its identity is {describe(found)}, the data's {describe(recorded)}"
+        return None
     if len(tok) != meta["vocab_size"]:
         return f"{len(tok)} tokens, the data's tokenizer has {meta['vocab_size']}"
     ids = special_ids(tok)
@@ -129,7 +139,8 @@ def check_model_folder(path: str | os.PathLike, meta: dict,
     PplError("model") otherwise."""
     from transformers import AutoConfig
 
-    from ..data import DataError, load_tokenizer
+    from ..data import DataError
+    from ..data.identity import model_tokenizer
 
     path = Path(path)
     if not path.is_dir():
@@ -137,14 +148,14 @@ def check_model_folder(path: str | os.PathLike, meta: dict,
     if not (path / "config.json").is_file():
         raise PplError("model", f"{path} has no config.json (a folder written by "
                        "save_pretrained, e.g. the hf folder of a `pathattn pretrain` run)")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        names = ", ".join(TOKENIZER_FILES)
+    if not any((path / name).is_file() for name in TOKENIZER_FILE_NAMES):
+        names = ", ".join(TOKENIZER_FILE_NAMES)
         raise PplError("model", f"{path} holds no tokenizer (none of {names}); save the "
                        "data's tokenizer next to the weights (tokenizer.save_pretrained)")
-    try:
-        tok = load_tokenizer(path)
+    try:  # also the tokenizer its export recorded, and no larger than the model
+        tok, _ = model_tokenizer(path, "model")
     except DataError as e:
-        raise PplError("model", f"{path} holds no usable tokenizer ({e}); save the data's "
+        raise PplError("model", f"{str(e).removeprefix('model: ')}; save the data's "
                        "tokenizer next to the weights (tokenizer.save_pretrained)") from None
     why = _tokenizer_mismatch(tok, meta, first_doc)
     if why is not None:
@@ -161,10 +172,12 @@ def check_model_folder(path: str | os.PathLike, meta: dict,
 def load_model(folder: ModelFolder, vocab_size: int, device: str | torch.device = "cpu"
                ) -> nn.Module:
     """`AutoModelForCausalLM.from_pretrained` (float32) on `device`, in eval mode;
-    PplError("model") when it cannot be loaded or its embedding has fewer than
-    vocab_size rows."""
+    PplError("model") when it cannot be loaded, holds a weight that is not finite or its
+    embedding has fewer than vocab_size rows."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
+
+    from ..train.divergence import non_finite_parameters
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the evaluation's own bar is enough
@@ -176,6 +189,11 @@ def load_model(folder: ModelFolder, vocab_size: int, device: str | torch.device 
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+    bad = non_finite_parameters(model.state_dict().items())
+    if bad:
+        raise PplError("model", f"{folder.path} holds weights that are not finite ({bad[0]}"
+                       f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}): a diverged "
+                       "training; evaluate a finite checkpoint")
     rows = model.get_input_embeddings().num_embeddings
     if rows < vocab_size:
         raise PplError("model", f"{folder.path}: its embedding has {rows} rows, fewer than "

@@ -8,15 +8,21 @@ conv_size, qk_norm, beta_max, rope_theta, initializer_range, qkv_bias, o_bias, b
 num_reflections); the values are validated by `ModelConfig` on construction (ValueError
 naming the field). The usual HF fields (use_cache, pad / bos / eos token ids, ...) pass
 through to `PreTrainedConfig`.
+
+Saving writes config.json with pathattn's `auto_map` and the modules it names beside it
+(`pathattn.hf.export`), so that a saved folder loads by name with
+`trust_remote_code=True` in a process that never imported pathattn.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from transformers import PreTrainedConfig
 
 from ..models import ModelConfig
+from .export import AUTO_MAP, write_remote_code
 
 __all__ = ["PaTHConfig", "MODEL_TYPE"]
 
@@ -47,6 +53,20 @@ class PaTHConfig(PreTrainedConfig):
         for name, value in fields.items():  # after super(): it sets its own defaults
             setattr(self, name, value)
         self.use_cache = use_cache
+        self.auto_map = dict(AUTO_MAP)  # pathattn's modules, whatever a loaded file said
+
+    def save_pretrained(self, save_directory: str | os.PathLike, push_to_hub: bool = False,
+                        **kwargs) -> None:
+        """`PreTrainedConfig.save_pretrained`, then the modules that config.json's auto_map
+        names, beside it (`pathattn.hf.export.write_remote_code`)."""
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        write_remote_code(save_directory)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class: str = "AutoConfig") -> None:
+        """Nothing to do: every save already writes pathattn's auto_map and modules.
+        (transformers calls this after loading remote code; its own version would copy
+        this package's source files into the next folder saved.)"""
 
     def to_model_config(self) -> ModelConfig:
         """The `ModelConfig` of this config's fields (validated)."""

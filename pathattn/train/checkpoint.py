@@ -25,6 +25,9 @@ end of a run: `load_checkpoint` tries latest.json's step first, then the older c
 on disk, newest first, and skips a damaged one with a `CheckpointWarning` naming the bad
 file. When none is intact it raises `CheckpointError` naming every bad file.
 
+Symlinks: a symlink in place of `checkpoints/` is replaced by a real folder when a
+checkpoint is written and unlinked (never followed) when the checkpoints are deleted.
+
 Trust: latest.json is data, never a path. Its "model" and "state" must be exactly the names
 of the pattern above for its "step" (no directory part, no other name), otherwise it counts
 as corrupt (the error names the file and the expected names). Files are opened by those
@@ -51,7 +54,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from ..utils.io import atomic_write_bytes, atomic_write_json, remove_file, remove_temp_files
+from ..utils.io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    real_dir,
+    remove_file,
+    remove_temp_files,
+)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_step", "checkpoint_dir",
            "CheckpointError", "CheckpointWarning", "KEEP", "remove_checkpoints",
@@ -161,8 +170,7 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.nn.Modul
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise ValueError(f"keep must be a positive int, got {keep!r}")
-    ckdir = checkpoint_dir(out_dir)
-    ckdir.mkdir(parents=True, exist_ok=True)
+    ckdir = real_dir(checkpoint_dir(out_dir))  # a symlink there is replaced, not followed
     atomic_write_bytes(ckdir / model_name(step), _model_bytes(model, step))
     buf = io.BytesIO()
     torch.save({**state, "step": step}, buf)
@@ -209,8 +217,12 @@ def remove_tree(path: Path) -> None:
 
 def remove_checkpoints(out_dir: str | os.PathLike) -> None:
     """Delete every checkpoint of out_dir (files of the checkpoint pattern, latest.json and
-    temp leftovers; nothing else) and the checkpoints folder when that leaves it empty."""
+    temp leftovers; nothing else) and the checkpoints folder when that leaves it empty; a
+    symlink in place of the folder is unlinked, nothing is deleted where it points."""
     ckdir = checkpoint_dir(out_dir)
+    if ckdir.is_symlink():
+        remove_file(ckdir)
+        return
     _remove_leftovers(ckdir)
     remove_file(ckdir / LATEST)
     _delete_steps(ckdir, _steps_on_disk(ckdir))

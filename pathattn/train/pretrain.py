@@ -23,9 +23,12 @@ folder (a `PaTHForCausalLM`: a `pathattn pretrain` or `pathattn convert` output)
 a random init, with that folder's model config: continued pretraining, e.g. the third
 stage of a conversion (`pathattn.convert`).
 
-At the end `export_hf` writes `out_dir/hf/`: `save_pretrained` of the model as a
-`PaTHForCausalLM` plus the tokenizer, loadable with `AutoModelForCausalLM` and
-`AutoTokenizer`.
+Before any work the data's tokenizer folder must be the one recorded in its meta.json, an
+`init` folder must hold that same tokenizer (`pathattn.data.identity`), and a training
+step must fit the device's memory (`check_sizes`). At the end `export_hf` writes
+`out_dir/hf/`: `save_pretrained` of the model as a `PaTHForCausalLM` plus the tokenizer
+and its identity, loadable with `AutoModelForCausalLM` and `AutoTokenizer` in a process
+that imported pathattn.
 """
 
 from __future__ import annotations
@@ -38,17 +41,26 @@ from typing import Any
 
 import torch
 
-from ..data import EvalLoader, TokenDataset, TokenLoader, load_tokenizer
+from ..data import EvalLoader, TokenDataset, TokenLoader
+from ..data.identity import (
+    check_same,
+    data_tokenizer,
+    model_tokenizer,
+    tokenizer_identity,
+    write_export_identity,
+)
 from ..data.loader import MODES
 from ..models import PaTHLM
 from ..models.config import ModelConfig
 from ..utils import autocast_context
 from ..utils.io import atomic_dir
+from ..utils.system import check_fits_memory
+from .divergence import check_finite_weights
 from .loop_config import LoopConfig
 from .workload import Workload, register_workload
 
 __all__ = ["PretrainConfig", "TextSteps", "text_loss", "export_hf", "init_model_config",
-           "load_init_weights"]
+           "load_init_weights", "check_init_tokenizer", "check_sizes", "step_memory_floor"]
 
 
 @dataclass
@@ -185,6 +197,38 @@ def init_model_config(folder: str | os.PathLike) -> ModelConfig:
     return config.to_model_config()
 
 
+def check_init_tokenizer(folder: str | os.PathLike, data_identity: dict) -> None:
+    """DataError unless the export `folder` (`init`) holds the tokenizer of the data
+    (`data_identity`, `pathattn.data.identity`): its weights read ids as that tokenizer
+    means them."""
+    _, found = model_tokenizer(folder, "init")
+    check_same(found, data_identity, f"the tokenizer of {folder}",
+               "the tokenizer the data was prepared with", "init")
+
+
+def step_memory_floor(cfg: PretrainConfig) -> tuple[int, int]:
+    """(parameters of cfg.model, bytes a training step needs at the least): weights,
+    gradients and AdamW's two moments in float32 (16 bytes a parameter), and per token of
+    a micro-batch its ids and labels, float32 logits and their gradient, and one float32
+    activation per layer and width (the model is built on the meta device: nothing is
+    allocated)."""
+    with torch.device("meta"):
+        params = sum(p.numel() for p in PaTHLM(cfg.model).parameters())
+    m = cfg.model
+    tokens = cfg.seq_len * cfg.batch_size
+    per_token = 32 + 8 * m.vocab_size + 4 * m.hidden_size * m.num_hidden_layers
+    return params, 16 * params + tokens * per_token
+
+
+def check_sizes(cfg: PretrainConfig, device: torch.device | str = "cpu") -> None:
+    """ValueError naming seq_len, batch_size and the model when a training step cannot fit
+    the device's memory (`step_memory_floor`, `pathattn.utils.system`)."""
+    params, floor = step_memory_floor(cfg)
+    check_fits_memory(floor, f"seq_len {cfg.seq_len} x batch_size {cfg.batch_size} with a "
+                      f"model of {params:,} parameters (vocab_size {cfg.model.vocab_size}): "
+                      "a training step", torch.device(device))
+
+
 def load_init_weights(model: PaTHLM, folder: str | os.PathLike) -> PaTHLM:
     """Load the weights of the `PaTHForCausalLM` export `folder` into `model` (same
     config; ValueError otherwise) and return it."""
@@ -208,6 +252,11 @@ def text_workload(cfg: PretrainConfig, device: torch.device,
     if train.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model: vocab_size {cfg.model.vocab_size} is smaller than the "
                          f"data's tokenizer ({train.vocab_size} ids)")
+    # the data's tokenizer is exported with the model: checked before any work
+    identity = tokenizer_identity(data_tokenizer(cfg.data, train.meta))
+    if cfg.init:
+        check_init_tokenizer(cfg.init, identity)
+    check_sizes(cfg, device)
     model = PaTHLM(cfg.model)
     if cfg.init:
         load_init_weights(model, cfg.init)
@@ -227,20 +276,24 @@ def text_workload(cfg: PretrainConfig, device: torch.device,
                     name=f"pretrain/{cfg.model.attn_type}")
 
 
-def export_hf(model: PaTHLM, cfg: PretrainConfig, out: str | os.PathLike | None = None
-              ) -> Path:
-    """Write `save_pretrained` of `model` as a PaTHForCausalLM and the data's tokenizer to
-    `out` (default cfg.out_dir/hf), replacing a previous export only once the new one is
-    complete. Returns the folder."""
+def export_hf(model: PaTHLM, cfg: PretrainConfig, out: str | os.PathLike | None = None,
+              step: int | None = None) -> Path:
+    """Write `save_pretrained` of `model` as a PaTHForCausalLM, the data's tokenizer
+    (checked against meta.json's identity) and that identity (`IDENTITY_FILE`) to `out`
+    (default cfg.out_dir/hf), replacing a previous export only once the new one is
+    complete. NonFiniteTraining (nothing written) when a weight is not finite; `step`
+    (default cfg.steps) names the step in that error. Returns the folder."""
     from ..hf import PaTHForCausalLM
+    from ..hf.export import save_tokenizer
 
     out = Path(cfg.out_dir) / "hf" if out is None else Path(out)
-    meta = TokenDataset(cfg.data, "train").meta["tokenizer"]
-    tok = load_tokenizer(meta["path"])
+    check_finite_weights(model, cfg.steps if step is None else step)
+    tok = data_tokenizer(cfg.data, TokenDataset(cfg.data, "train").meta)
     ids = {name: getattr(tok, f"{name}_token_id") for name in ("bos", "eos", "pad")}
     hf = PaTHForCausalLM.from_pathlm(model, **{f"{k}_token_id": v for k, v in ids.items()
                                                  if v is not None})
     with atomic_dir(out) as tmp:
         hf.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        save_tokenizer(tok, tmp)  # without its BOS template (pathattn.hf.export)
+        write_export_identity(tmp, tokenizer_identity(tok))
     return out

@@ -8,15 +8,12 @@ Protection (our choice): a fresh run into a folder that already holds a run (any
 `--resume`) or replaces it (overwrite=True, `--overwrite`). Replacing deletes the run's own
 files only (`RUN_FILES`, checkpoint files by their name pattern, temp leftovers), never
 anything else in the folder, so that a mistyped --out cannot empty an unrelated directory.
+A symlink in place of a run file or of `checkpoints/` is replaced (or unlinked), never
+followed; a resume refuses a symlinked `checkpoints/`.
 
-Lock: while a run writes to a folder it holds an exclusive `fcntl.flock` on `<folder>/.lock`
-(the file holds the owner's pid, for the message). The kernel drops a flock when its
-process dies, kill -9 included, so there is never a stale lock to clean up; the lock file
-itself stays (deleting it would let two processes lock two different files of one name).
-A second process is refused at once (`RunDirBusy`) rather than made to wait. The lock is
-per process and re-entrant: several holders in one process share it (a run and a reload of
-its checkpoint, a command and the Trainer it starts), and it goes when the last one is
-released or garbage-collected. A forked child does not inherit it.
+Lock: while a run writes to a folder it holds the folder's lock
+(`pathattn.utils.folder_lock`: an OS lock that dies with its process, re-entrant within
+one process); a second process is refused at once (`RunDirBusy`).
 
 Logs: `read_jsonl` reads log.jsonl / eval.jsonl and drops a cut-off last line (a process
 killed while appending), so that everything that reads a log survives such a kill.
@@ -27,122 +24,33 @@ from __future__ import annotations
 import json
 import os
 import warnings
-import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ..utils.folder_lock import LOCK_NAME, FolderBusy, FolderLock, lock_folder
 from ..utils.io import atomic_write_text, remove_file, remove_temp_files
 from .checkpoint import remove_checkpoints
 from .synthetic import SyntheticConfig
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no locking (the protection of RUN_FILES still applies)
-    fcntl = None
 
 __all__ = ["prepare_run_dir", "lock_run_dir", "holds_run", "clear_run", "read_jsonl",
            "truncate_jsonl", "finished_metrics", "check_sub_runs", "RunLock", "RunDirError",
            "RunDirBusy", "LOCK_NAME", "RUN_FILES"]
 
-LOCK_NAME = ".lock"
 LOG_FILES = ("config.json", "log.jsonl", "eval.jsonl", "metrics.json")
 RUN_FILES = (*LOG_FILES, "checkpoints")
+RunDirBusy = FolderBusy  # another process holds the folder's lock (a run is writing to it)
+RunLock = FolderLock
 
 
 class RunDirError(ValueError):
     """A fresh run was asked for in a folder that already holds one."""
 
 
-class RunDirBusy(RuntimeError):
-    """Another process holds the folder's lock (a run is writing to it)."""
-
-
-# ---------------------------------------------------------------------------- locking
-
-_held: dict[str, list[int]] = {}  # real path of a lock file -> [fd, holders in this process]
-
-
-def _forget_locks() -> None:
-    """In a forked child: the parent's locks are the parent's (closing the inherited fds
-    leaves the parent's flock in place)."""
-    for fd, _ in _held.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _held.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_locks)
-
-
-def _release(key: str) -> None:
-    entry = _held.get(key)
-    if entry is None:
-        return
-    entry[1] -= 1
-    if entry[1] == 0:
-        del _held[key]
-        os.close(entry[0])  # drops the flock
-
-
-class RunLock:
-    """One holder's share of a folder's lock (`lock_run_dir`). `release()`, leaving a `with`
-    block or garbage collection gives it back; releasing twice is a no-op."""
-
-    def __init__(self, key: str):
-        self.path = Path(key)
-        self._finalizer = weakref.finalize(self, _release, key)
-
-    @property
-    def held(self) -> bool:
-        return self._finalizer.alive
-
-    def release(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def _owner(fd: int) -> str:
-    try:
-        text = os.pread(fd, 32, 0).decode().strip()
-    except (OSError, UnicodeDecodeError):
-        return "another process"
-    return f"process {text}" if text.isdigit() else "another process"
-
-
 def lock_run_dir(folder: str | os.PathLike) -> RunLock:
-    """Take `folder`'s lock (module docstring), creating the folder; RunDirBusy at once when
-    another process holds it."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    key = os.path.realpath(folder / LOCK_NAME)
-    if key in _held:
-        _held[key][1] += 1
-        return RunLock(key)
-    fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o666)  # 0666 & ~umask, like every run file
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = _owner(fd)
-            os.close(fd)
-            raise RunDirBusy(f"{folder} is in use by another run ({owner} holds {key}); "
-                             "wait for it to finish or stop it first") from None
-        except BaseException:
-            os.close(fd)
-            raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[key] = [fd, 1]
-    return RunLock(key)
+    """Take `folder`'s lock (`pathattn.utils.folder_lock.lock_folder`), creating the
+    folder; RunDirBusy at once when another process holds it."""
+    return lock_folder(folder, "run")
 
 
 # ------------------------------------------------------------------------- protection
@@ -181,6 +89,10 @@ def prepare_run_dir(folder: str | os.PathLike, *, resume: bool = False,
                          "run in the folder, --overwrite replaces it)")
     lock = lock_run_dir(folder)
     try:
+        if resume and (Path(folder) / "checkpoints").is_symlink():
+            raise RunDirError(f"{Path(folder) / 'checkpoints'} is a symlink; checkpoints are "
+                              "written and deleted in a real folder only: move the folder it "
+                              "points to in its place, then resume")
         if overwrite:
             clear_run(folder)
         elif not resume and (found := holds_run(folder)):
@@ -272,11 +184,14 @@ def truncate_jsonl(path: str | os.PathLike, last_step: int) -> None:
     atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
-def config_for_resume(config_cls, out_dir: str, given: dict, common: dict):
+def config_for_resume(config_cls, out_dir: str, given: dict, common: dict,
+                      changes: Callable[[dict], dict] | None = None):
     """The config of a `--resume`: the one stored in out_dir's checkpoint, with the options
     given on the command line that do not change results (`config_cls.NOT_IDENTITY`) and
-    `common`; ValueError when there is no checkpoint or another given option differs from
-    the stored one."""
+    `common`. ValueError when there is no checkpoint, or listing every given option that
+    differs from the stored config with both values: the options of `given` (by flag) and
+    those `changes(stored)` returns ({flag: (stored value, given value)}) for options
+    that are not config fields (data, model flags, step budgets)."""
     from .checkpoint import CheckpointWarning, load_checkpoint
 
     try:
@@ -287,7 +202,13 @@ def config_for_resume(config_cls, out_dir: str, given: dict, common: dict):
         raise ValueError(f"--resume: no checkpoint in {out_dir} (start over with "
                          "--overwrite)") from None
     own = {k: v for k, v in given.items() if k in config_cls.NOT_IDENTITY}
-    diff = sorted(k for k, v in given.items() if k not in own and stored.get(k) != v)
+    diff = {"--" + k.replace("_", "-"): (stored.get(k), v) for k, v in sorted(given.items())
+            if k not in own and stored.get(k) != v}
+    diff.update(changes(stored) if changes is not None else {})
     if diff:
-        raise ValueError(f"--resume: options {diff} differ from the checkpoint's config")
+        run = ", ".join(f"{k} {v[0]!r}" for k, v in diff.items())
+        asked = ", ".join(f"{k} {v[1]!r}" for k, v in diff.items())
+        raise ValueError(f"--resume: {', '.join(diff)} would change the run (the run's: "
+                         f"{run}; given: {asked}); resume without them to continue it, or "
+                         "start a new run (another --out, or --overwrite)")
     return config_cls.from_dict({**stored, **own, **common})

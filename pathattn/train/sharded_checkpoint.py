@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..utils.io import atomic_write_bytes, move_into_place
+from ..utils.io import atomic_write_bytes, move_into_place, real_dir
 from .checkpoint import (
     CheckpointError,
     CheckpointWarning,
@@ -70,7 +70,7 @@ def save_sharded_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.
     main = dist.get_rank() == 0
     partial = ckdir / partial_name(step)
     if main:
-        ckdir.mkdir(parents=True, exist_ok=True)
+        real_dir(ckdir)  # a symlink in its place is replaced, never followed
         remove_tree(partial)
         partial.mkdir()
     dist.barrier()

@@ -6,7 +6,8 @@ mean over the step's scored targets (on one process or P ranks alike), backward,
 clipping, AdamW at the learning rate of `lr_at` (no weight decay on norms, biases and
 embeddings). Writes log.jsonl, eval.jsonl, metrics.json, config.json and checkpoints/ in
 `cfg.out_dir`; resumes exactly (bit-identical losses); locks the run folder; finishes the
-step and checkpoints on SIGINT / SIGTERM. Outputs, resume and signals in detail:
+step and checkpoints on SIGINT / SIGTERM; stops at a non-finite loss, gradient norm, weight
+or metric (`pathattn.train.divergence`). Outputs, resume and signals in detail:
 docs/training.md.
 """
 
@@ -17,7 +18,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,10 +28,17 @@ from ..distributed.data_parallel import DistributedTraining, replica_layout
 from ..models import IGNORE_INDEX
 from ..tasks import flatten_metrics
 from ..utils import autocast_context
-from ..utils.io import atomic_write_json, remove_temp_files
-from .checkpoint import discard_after, load_checkpoint, save_checkpoint
+from ..utils.io import append_text, atomic_write_json, remove_temp_files, writable_dir
+from .checkpoint import (
+    CheckpointError,
+    discard_after,
+    latest_step,
+    load_checkpoint,
+    save_checkpoint,
+)
+from .divergence import NonFiniteTraining, check_finite_weights, non_finite
 from .loop_config import LoopConfig
-from .run_dir import LOG_FILES, finished_metrics, prepare_run_dir, truncate_jsonl
+from .run_dir import LOG_FILES, clear_run, finished_metrics, prepare_run_dir, truncate_jsonl
 from .sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from .signals import StopRequests, TrainingInterrupted
 from .synthetic import SyntheticConfig
@@ -134,9 +141,9 @@ class Trainer:
             raise ValueError("resume and overwrite exclude each other (--resume continues the "
                              "run in the folder, --overwrite replaces it)")
         self.device = torch.device(device)
-        self.out_dir = Path(cfg.out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = writable_dir(cfg.out_dir)  # ValueError: a file, or read-only
         self.lock = None
+        self.fresh = not resume  # a failed first step leaves no run behind (train())
         self.model, self.data, self.evaluator = model, train_data, evaluator
         self.name = name or type(cfg).__name__
         # torchrun: DDP / FSDP (+ context parallelism) from outside the model; None otherwise
@@ -196,15 +203,33 @@ class Trainer:
         self.close()
 
     def save(self) -> None:
-        """Checkpoint of the current step (collective when the model is sharded)."""
+        """Checkpoint of the current step (collective when the model is sharded);
+        NonFiniteTraining instead when a weight is not finite (checked on one process)."""
         if self.sharded:
             save_sharded_checkpoint(self.out_dir, self.step, self.model, self.optimizer,
                                     self.state_dict(), keep=self.cfg.keep_checkpoints)
             return
         if not self.is_main:
             return
+        check_finite_weights(self.model, self.step, self._last_checkpoint(), self.out_dir)
         save_checkpoint(self.out_dir, self.step, self.model, self.state_dict(),
                         keep=self.cfg.keep_checkpoints)
+
+    def _last_checkpoint(self) -> int | None:
+        """The step of the checkpoint latest.json names (None: none, or unreadable)."""
+        try:
+            return latest_step(self.out_dir)
+        except CheckpointError:
+            return None
+
+    def _check_finite(self, step: int, values: dict, what: str) -> None:
+        """NonFiniteTraining naming the keys of `values` that are not finite (module
+        `divergence`), before they are applied, logged or saved."""
+        bad = non_finite(values)
+        if bad:
+            shown = ", ".join(f"{k} {values.get(k, 'nan')}" for k in bad)
+            raise NonFiniteTraining(step, f"{what} ({shown})", self._last_checkpoint(),
+                                    self.out_dir)
 
     def _resume(self) -> None:
         if self.sharded:
@@ -246,8 +271,7 @@ class Trainer:
     def _append(self, name: str, record: dict[str, Any]) -> None:
         if not self.is_main:
             return
-        with open(self.out_dir / name, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_text(self.out_dir / name, json.dumps(record, allow_nan=False) + "\n")
 
     # ---------------------------------------------------------------------- training
 
@@ -271,6 +295,8 @@ class Trainer:
         else:
             loss_sum = self._backward(micro)
         grad_norm = self._clip_gradients(cfg.grad_clip)
+        self._check_finite(self.step + 1, {"loss": loss_sum, "grad_norm": grad_norm},
+                           "the loss or gradient norm is")  # before the update
         self.optimizer.step()
         self.step += 1
         self.tokens += sum(mb["input_ids"].numel() if n is None else n
@@ -323,8 +349,10 @@ class Trainer:
     def evaluate(self, batches: int | None = None) -> dict[str, dict[str, float]]:
         """Metrics on every validation split (the evaluator's), on `batches` batches per
         split (default cfg.eval_batches). Collective when the model is sharded (every rank
-        runs the same batches)."""
-        return self.evaluator(self.model, batches)
+        runs the same batches). NonFiniteTraining when a metric is not finite."""
+        metrics = self.evaluator(self.model, batches)
+        self._check_finite(self.step, flatten_metrics(metrics), "the validation metrics are")
+        return metrics
 
     def _evaluates(self) -> bool:
         """Whether this rank runs evaluations: rank 0, and every rank of a sharded model
@@ -336,7 +364,17 @@ class Trainer:
         log_every steps, evaluates every eval_every, checkpoints every checkpoint_every.
         When cfg.steps is reached: final checkpoint, evaluation and metrics.json, which is
         returned as a dict; stopping earlier (`until` < cfg.steps, e.g. to simulate an
-        interrupted run) returns {"step": step} and writes no final checkpoint."""
+        interrupted run) returns {"step": step} and writes no final checkpoint. A fresh run
+        that fails before its first step leaves no run in the folder (a rerun needs no
+        --overwrite); a non-finite value stops it (NonFiniteTraining)."""
+        try:
+            return self._train(until)
+        except Exception:
+            if self.fresh and self.step == 0 and self.is_main:
+                clear_run(self.out_dir)
+            raise
+
+    def _train(self, until: int | None) -> dict[str, Any]:
         cfg = self.cfg
         until = cfg.steps if until is None else min(int(until), cfg.steps)
         self.model.train()

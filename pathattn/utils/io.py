@@ -22,9 +22,13 @@ Forms, for the ways writers produce their bytes:
     atomic_dir                                    a temp folder (save_pretrained)
     move_into_place                               a finished file or folder moved durably
 
-JSON: `json.dumps` with the caller's arguments plus a final newline; NaN and infinities
-are written as `json.dumps` writes them (NaN, Infinity) unless the caller passes
-allow_nan=False. Text: encoded as given, no newline translation.
+JSON: `json.dumps` with the caller's arguments plus a final newline, strict (RFC 8259):
+a NaN or an infinity is refused with a ValueError naming the file, never written as the
+non-standard NaN / Infinity; a caller that may meet one says what to write instead
+(`finite_or_none`). Text: encoded as given, no newline translation. Logs are appended
+line by line (`append_text`). Symlinks are replaced, never followed: a file written over a
+symlink replaces the link, an appended file or a working folder (`real_dir`) found as a
+symlink is replaced by a new one, and the target is left as it was.
 
 The file-system calls of the write path (`_open`, `_write`, `_fsync`, `_close`, `_replace`,
 `_unlink`) are module attributes looked up at call time, so that tests can make any one of
@@ -33,7 +37,9 @@ them fail or stop there.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -46,13 +52,21 @@ from typing import IO, Any
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json",
            "atomic_write_jsonl", "AtomicFile", "atomic_open", "atomic_path", "atomic_dir",
            "move_into_place", "temp_dir", "remove_temp_files", "remove_file", "fsync_dir",
-           "fsync_tree"]
+           "fsync_tree", "temp_name_target", "append_text", "real_dir", "writable_dir",
+           "finite_or_none", "is_disk_full", "DISK_FULL_ERRNOS"]
 
 _open, _write, _fsync, _close, _replace, _unlink = (os.open, os.write, os.fsync, os.close,
                                                     os.replace, os.unlink)
 
 # `.<name>.<8 chars>.tmp`: ours (8 hex digits) and tempfile.mkstemp's (8 of [a-z0-9_])
 _TEMP_RE = re.compile(r"\.(.+)\.[A-Za-z0-9_]{8}\.tmp")
+# a full disk, a full quota, or a file over the size limit (`ulimit -f`)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error` is an OSError of a full disk (`DISK_FULL_ERRNOS`)."""
+    return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
 
 
 # ------------------------------------------------------------------------ syncing
@@ -128,6 +142,12 @@ def temp_dir(parent: str | os.PathLike, name: str) -> Path:
             continue
 
 
+def temp_name_target(name: str) -> str | None:
+    """The target name of a temp name `.<target>.<8 chars>.tmp`, else None."""
+    m = _TEMP_RE.fullmatch(name)
+    return None if m is None else m.group(1)
+
+
 def remove_temp_files(folder: str | os.PathLike,
                       names: Iterable[str] | Callable[[str], bool]) -> list[str]:
     """Delete the temp files and folders that interrupted writes left in `folder`: those
@@ -187,22 +207,67 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     return atomic_write_bytes(path, text.encode(encoding))
 
 
+def _strict_dumps(path, obj: Any, options: dict) -> str:
+    """json.dumps(obj, **options) refusing NaN and infinities (ValueError naming `path`)."""
+    if options.get("allow_nan", False):
+        raise ValueError(f"{path}: JSON is written strict (allow_nan=False); replace "
+                         "non-finite numbers first (finite_or_none)")
+    try:
+        return json.dumps(obj, **{**options, "allow_nan": False})
+    except ValueError as e:
+        raise ValueError(f"{path}: not written: strict JSON has no NaN or infinity ({e})"
+                         ) from None
+
+
+def finite_or_none(obj: Any) -> Any:
+    """`obj` with every float NaN / infinity (in dicts, lists and tuples) replaced by None,
+    which JSON writes as null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any, **dumps_options) -> Path:
     """`atomic_write_text` of json.dumps(obj, **dumps_options) + "\\n" (the caller's
-    formatting: indent, ensure_ascii, default, allow_nan, ...)."""
-    return atomic_write_text(path, json.dumps(obj, **dumps_options) + "\n")
+    formatting: indent, ensure_ascii, default, ...), strict: ValueError naming `path` for a
+    NaN or infinity (module docstring), before anything is written."""
+    return atomic_write_text(path, _strict_dumps(path, obj, dumps_options) + "\n")
 
 
 def atomic_write_jsonl(path: str | os.PathLike, records: Iterable[Any],
                        **dumps_options) -> int:
     """Write one json.dumps(record, **dumps_options) per line, streamed (`atomic_open`,
-    UTF-8); returns the number of records."""
+    UTF-8), strict as `atomic_write_json`; returns the number of records."""
     count = 0
     with atomic_open(path, "w") as f:
         for record in records:
-            f.write(json.dumps(record, **dumps_options) + "\n")
+            f.write(_strict_dumps(path, record, dumps_options) + "\n")
             count += 1
     return count
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Append `text` (UTF-8) to the file `path`, created when missing (0666 & ~umask); a
+    symlink in its place is replaced by a new file, never followed. Flushed, not fsynced:
+    a log line lost in a crash is one that a resume cuts anyway."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = _open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        _unlink(path)
+        fd = _open(path, flags, 0o666)
+    try:
+        view = memoryview(text.encode("utf-8"))
+        while view:
+            view = view[_write(fd, view):]
+    finally:
+        _close(fd)
 
 
 # ------------------------------------------------------------------- streams
@@ -342,6 +407,39 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     fsync_dir(path.parent)
     if old is not None:
         _discard(old)
+
+
+def real_dir(path: str | os.PathLike) -> Path:
+    """Make `path` a real folder (with its parents) and return it: a symlink in its place
+    is unlinked first (its target is left alone), never followed."""
+    path = Path(path)
+    if path.is_symlink():
+        _unlink(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def writable_dir(path: str | os.PathLike, argument: str | None = None) -> Path:
+    """Create folder `path` (and its parents) when missing and check that files can be
+    created in it (a temp file, created exclusively and deleted at once). ValueError
+    naming `argument` (when given) and `path` when it is a file or cannot be written
+    (read-only, no permission); other OSErrors (a full disk) as raised."""
+    path = Path(path)
+    where = f"{argument}: {path}" if argument else str(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ValueError(f"{where} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temp(path / "write-check")
+        _close(fd)
+        _unlink(tmp)
+    except (PermissionError, FileExistsError, NotADirectoryError) as e:
+        raise ValueError(f"{where} cannot be written ({e.strerror})") from None
+    except OSError as e:
+        if e.errno != errno.EROFS:
+            raise
+        raise ValueError(f"{where} cannot be written ({e.strerror})") from None
+    return path
 
 
 def _move_aside(path: Path) -> Path | None:

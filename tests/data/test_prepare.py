@@ -24,6 +24,7 @@ from pathattn.data import (
     token_dtype,
 )
 from pathattn.data.prepare import DATA_FILES
+from pathattn.utils.folder_lock import LOCK_NAME
 
 from . import parse, snippets, stdlib_slice, tiny_tokenizer, write_corpus, write_jsonl
 
@@ -46,7 +47,8 @@ def documents(out, split):
 def test_files_meta_and_documents(tok_dir, tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
     meta = prepare([corpus], tok_dir, tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(DATA_FILES)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        [*DATA_FILES, LOCK_NAME])
     tok = load_tokenizer(tok_dir)
     texts = [corpus / n for n in ("a.txt", "b.md", "d.rst", "sub/c.py")]
     texts = [p.read_text() for p in texts] + snippets(8, seed=1)[4:]
@@ -131,7 +133,7 @@ def test_overwrite_replaces_own_files_only(tok_dir, tmp_path):
         prepare([path], tok_dir, out)
     prepare([path], tok_dir, out, overwrite=True)
     prepare([path], tok_dir, out, overwrite=True, seed=1)
-    assert sorted(p.name for p in out.iterdir()) == sorted([*DATA_FILES, *mine])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*DATA_FILES, *mine, LOCK_NAME])
 
 
 def test_failed_prepare_leaves_the_previous_dataset(tok_dir, tmp_path):

@@ -63,12 +63,19 @@ def test_a_model_with_another_tokenizer_is_refused(assets, tmp_path, capsys):
     assert len(AutoTokenizer.from_pretrained(tmp_path / "tok512")) == 512
     err = _error(["--model", str(tmp_path / "model400"), "--data", str(data)], capsys)
     assert "--model" in err and "not the one the data was prepared with" in err
-    assert "400 tokens" in err
+    assert "its identity is sha256" in err and "400 ids" in err and "512 ids" in err
     err = _error(["--model", str(tmp_path / "model512"), "--data", str(data)], capsys)
+    assert err.count("512 ids") == 2 and err.count("sha256") == 2  # same size, other merges
+    # data prepared before identities were recorded: the vocabulary, then the first document
+    old = tmp_path / "data_before_identities"
+    shutil.copytree(data, old)
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["tokenizer"]["identity"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    err = _error(["--model", str(tmp_path / "model512"), "--data", str(old)], capsys)
     assert "vocabulary differs" in err
     moved = tmp_path / "data_without_tokenizer"
-    shutil.copytree(data, moved)
-    meta = json.loads((moved / "meta.json").read_text())
+    shutil.copytree(old, moved)
     meta["tokenizer"]["path"] = str(tmp_path / "gone")
     (moved / "meta.json").write_text(json.dumps(meta))
     err = _error(["--model", str(tmp_path / "model512"), "--data", str(moved)], capsys)

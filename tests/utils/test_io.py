@@ -292,17 +292,23 @@ def test_new_files_then_their_folder_are_fsynced(tmp_path, monkeypatch, writer):
 def test_contents_and_permissions(tmp_path):
     umask = os.umask(0o022)
     os.umask(umask)
-    assert fsio.atomic_write_json(tmp_path / "a.json", {"x": float("nan"), "y": "é"},
+    assert fsio.atomic_write_json(tmp_path / "a.json", {"x": 1.5, "y": "é"},
                                   indent=2) == tmp_path / "a.json"
-    assert (tmp_path / "a.json").read_bytes() == b'{\n  "x": NaN,\n  "y": "\\u00e9"\n}\n'
+    assert (tmp_path / "a.json").read_bytes() == b'{\n  "x": 1.5,\n  "y": "\\u00e9"\n}\n'
     assert fsio.atomic_write_jsonl(tmp_path / "b.jsonl", [{"y": "é"}, [1]],
                                    ensure_ascii=False) == 2
     assert (tmp_path / "b.jsonl").read_text(encoding="utf-8") == '{"y": "é"}\n[1]\n'
     with fsio.atomic_open(tmp_path / "c.txt", "w") as f:
         f.write("a\nb\r\n")
     assert (tmp_path / "c.txt").read_bytes() == b"a\nb\r\n"  # no newline translation
-    with pytest.raises(ValueError, match="allow_nan|JSON compliant"):
-        fsio.atomic_write_json(tmp_path / "d.json", float("inf"), allow_nan=False)
+    for value, options in ((float("inf"), {}), ([float("nan")], {}),
+                           (1.0, {"allow_nan": True})):
+        with pytest.raises(ValueError, match="d.json.*(strict|NaN)"):  # strict JSON only
+            fsio.atomic_write_json(tmp_path / "d.json", value, **options)
+    with pytest.raises(ValueError, match="d.json.*strict JSON has no NaN"):
+        fsio.atomic_write_jsonl(tmp_path / "d.json", [{"a": 1}, {"b": float("-inf")}])
+    assert fsio.finite_or_none({"a": [float("nan"), 2.0], "b": (float("inf"),)}) == {
+        "a": [None, 2.0], "b": [None]}
     assert not (tmp_path / "d.json").exists()
     for name in ("a.json", "b.jsonl", "c.txt"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask

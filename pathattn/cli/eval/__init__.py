@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from pathlib import Path
 
 from . import lmeval, longctx, ppl
 
@@ -38,11 +39,30 @@ def _run_with_parser(run, parser: argparse.ArgumentParser, args: argparse.Namesp
 
 def load_model(folder: str, device: str | None):
     """(model in eval mode on `device`, tokenizer) of a Hugging Face model folder; device
-    None: cuda when available, else cpu."""
+    None: cuda when available, else cpu. ValueError naming --model when the folder holds
+    no config.json or no usable tokenizer (`pathattn.data.identity.model_tokenizer`:
+    also one that is not the tokenizer its export recorded), cannot be loaded, or holds
+    weights that are not finite (a diverged training)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    from ...data.identity import model_tokenizer
+    from ...train.divergence import non_finite_parameters
+
+    tokenizer, _ = model_tokenizer(folder, "--model")  # a DataError is a ValueError
+    if not (Path(folder) / "config.json").is_file():
+        raise ValueError(f"--model: {folder} has no config.json (a folder written by "
+                         "save_pretrained, e.g. the hf folder of a `pathattn pretrain` run)")
     # pathattn's models resolve: importing pathattn registers them with the Auto classes
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(folder).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(folder)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"--model: cannot load {folder} with AutoModelForCausalLM "
+                         f"({str(e).splitlines()[0]})") from None
+    bad = non_finite_parameters(model.state_dict().items())
+    if bad:
+        raise ValueError(f"--model: {folder} holds weights that are not finite ({bad[0]}"
+                         f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}): a "
+                         "diverged training; evaluate a finite checkpoint")
+    return model.to(device).eval(), tokenizer

@@ -54,6 +54,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_and_results_flags(p)
 
 
+def _check_counts(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--batch-size, --n and --max-length must be positive, --lengths too (a zero
+    --max-length would silently be lm-eval's default)."""
+    for name in ("batch_size", "n", "max_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if any(length < 1 for length in args.lengths):
+        parser.error(f"--lengths must be >= 1, got {args.lengths}")
+
+
 def _limit(args: argparse.Namespace, parser: argparse.ArgumentParser):
     """--limit as lm-eval takes it: an int of documents, or a fraction < 1."""
     limit = args.limit
@@ -62,6 +73,24 @@ def _limit(args: argparse.Namespace, parser: argparse.ArgumentParser):
             parser.error("--limit must be > 0")
         limit = int(limit) if limit >= 1 else limit
     return limit
+
+
+def _check_data(args: argparse.Namespace) -> None:
+    """--data: a prepared folder whose --split holds documents, prepared with --model's
+    tokenizer (`pathattn.data.identity`: its documents are decoded with that tokenizer);
+    ValueError naming the argument otherwise."""
+    from ...data import DataError, TokenDataset
+    from ...data.identity import model_for_data
+
+    try:
+        data = TokenDataset(args.data, args.split)
+    except DataError as e:
+        raise ValueError(f"--data: {e}") from None
+    if len(data) == 0:
+        raise ValueError(f"--data: the {args.split} split of {args.data} holds no document "
+                         f"(prepared with val_fraction={data.meta.get('val_fraction')}); "
+                         "prepare with a val_fraction > 0, or give --split train")
+    model_for_data(args.model, args.data, data.meta, "--model")
 
 
 def _local_tasks(args: argparse.Namespace, tokenizer, folder: Path) -> list[str]:
@@ -84,6 +113,8 @@ def _local_tasks(args: argparse.Namespace, tokenizer, folder: Path) -> list[str]
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run `pathattn eval lm-eval` (module docstring); usage errors go to parser.error."""
     from ...evaluation import lmeval
+    from ...evaluation.longctx import check_prompt_lengths
+    from ...utils.io import writable_dir
     from . import load_model
 
     try:
@@ -94,16 +125,22 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("give --tasks, --data or --longctx")
     if args.longctx and not args.lengths:
         parser.error("--longctx needs --lengths")
+    _check_counts(args, parser)
     limit = _limit(args, parser)
-    model, tokenizer = load_model(args.model, args.device)
     out = Path(args.out) if args.out else Path(args.model) / "eval"
     tasks, include = list(args.tasks), list(args.include_path)
-    if args.data or args.longctx:
-        include.append(out / "tasks")
-        try:
+    try:
+        if args.data:  # before the model is loaded
+            _check_data(args)
+        model, tokenizer = load_model(args.model, args.device)
+        writable_dir(out, "--out")  # before the work: --out a file, or read-only
+        if args.longctx:
+            check_prompt_lengths(model, args.lengths)
+        if args.data or args.longctx:
+            include.append(out / "tasks")
             tasks += _local_tasks(args, tokenizer, out / "tasks")
-        except ValueError as e:  # bad task / variant, a length too short, a bad folder
-            parser.error(str(e))
+    except ValueError as e:  # a bad folder, task / variant, a length too short
+        parser.error(str(e))
     results = lmeval.evaluate_lm(model, tokenizer, tasks, include, args.batch_size, limit,
                                  args.max_length, args.num_fewshot, seed=args.seed)
     path = lmeval.save_results(results, out)

@@ -16,7 +16,6 @@ index).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..args import add_device_and_results_flags, add_hf_model_flag, add_no_progress
@@ -71,6 +70,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         results_table,
         write_text_atomic,
     )
+    from ...utils.io import atomic_write_json, writable_dir
     from . import load_model
 
     if args.n < 1 or any(length < 1 for length in args.lengths):
@@ -79,17 +79,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         task = make_task(args.task, args.variant, **task_options(args))
     except (TypeError, ValueError, OSError) as e:
         parser.error(f"--task {args.task}: {e}")
-    model, tokenizer = load_model(args.model, args.device)
+    out = Path(args.out) if args.out else Path(args.model) / "eval"
     try:
+        model, tokenizer = load_model(args.model, args.device)
+        writable_dir(out, "--out")  # before the work: --out a file, or read-only
         results = evaluate_task(model, tokenizer, task, args.lengths, args.n, args.seed,
                                 args.max_new_tokens, progress=not args.no_progress)
-    except ValueError as e:  # a length shorter than the task's fixed text
+    except ValueError as e:  # a bad --model, a length too short or too long for memory
         parser.error(str(e))
     results["model"] = str(args.model)
     table = results_table(results)
-    out = Path(args.out) if args.out else Path(args.model) / "eval"
     stem = f"longctx_{task.name}_{task.variant}"
-    write_text_atomic(out / f"{stem}.json", json.dumps(results, indent=2) + "\n")
+    atomic_write_json(out / f"{stem}.json", results, indent=2)  # strict JSON
     write_text_atomic(out / f"{stem}.md", f"{task.name} ({task.variant})\n\n{table}")
     print(f"{task.name} ({task.variant}), {args.n} examples per length, model {args.model}")
     print(table, end="")

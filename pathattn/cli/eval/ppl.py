@@ -20,7 +20,6 @@ DIR/loss_by_position.png (`pathattn.evaluation.ppl_report`).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ...evaluation.ppl import DEFAULT_CHUNK_SIZE, DEFAULT_LENGTHS, DTYPES, PplError
 from ..args import add_no_progress
@@ -63,12 +62,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     (or is raised as PplError when parser is None). Returns the exit code (0)."""
     from ...evaluation.ppl_models import evaluate_models
     from ...evaluation.ppl_report import markdown_table, write_report
+    from ...utils.io import writable_dir
 
     try:
         if args.chunk_size is not None and args.chunk_size < 0:
             raise PplError("chunk_size", f"must be a non-negative int, got {args.chunk_size}")
-        if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-            raise PplError("out", f"{args.out} exists and is not a folder")
+        if args.out is not None:  # before the work: a file, or read-only
+            try:
+                writable_dir(args.out)
+            except ValueError as e:
+                raise PplError("out", str(e)) from None
         report = evaluate_models(
             args.model, args.data, args.lengths, split=args.split, max_docs=args.max_docs,
             batch_size=args.batch_size, chunk_size=args.chunk_size or None, dtype=args.dtype,

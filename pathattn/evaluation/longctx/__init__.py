@@ -28,7 +28,13 @@ from .common import (
     write_jsonl_atomic,
     write_text_atomic,
 )
-from .evaluate import evaluate_task, generate, results_table, score_example
+from .evaluate import (
+    check_prompt_lengths,
+    evaluate_task,
+    generate,
+    results_table,
+    score_example,
+)
 from .haystack import NOISE, Haystack, insert, read_corpus
 from .niah import NIAH
 from .phonebook import PhoneBook
@@ -38,5 +44,6 @@ from .vt import VariableTracking
 __all__ = ["Example", "LongContextTask", "TASKS", "SPLITS", "register_task", "make_task",
            "task_names", "count_tokens", "fit_length", "score", "answer_budget",
            "write_text_atomic", "write_jsonl_atomic", "generate", "score_example",
-           "evaluate_task", "results_table", "NOISE", "Haystack", "insert", "read_corpus",
-           "NIAH", "VariableTracking", "PhoneBook", "training_records", "write_training_docs"]
+           "evaluate_task", "results_table", "check_prompt_lengths", "NOISE", "Haystack",
+           "insert", "read_corpus", "NIAH", "VariableTracking", "PhoneBook",
+           "training_records", "write_training_docs"]

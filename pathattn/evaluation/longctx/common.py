@@ -1,9 +1,10 @@
 """What every long-context task shares: the `Example` record, the `LongContextTask` base
 class and its registry, prompt length fitting in tokens, and the score.
 
-Lengths are counted in tokens of the prompt as the model receives it:
-`len(tokenizer(prompt).input_ids)`, the tokenizer's own special tokens included (a BOS
-when the tokenizer adds one). A task renders its prompt from a number of filler units
+Lengths are counted in tokens of the prompt as the model receives it (`prompt_ids`): a BOS
+(when the tokenizer has one: every training document of `pathattn prepare` starts with it,
+whether or not the tokenizer's template adds it, as an export's does not) and the prompt's
+tokens without special tokens. A task renders its prompt from a number of filler units
 (haystack words, phone-book lines) and `fit_length` picks the largest number whose prompt
 has at most `length` tokens, so a prompt falls short of the target by less than one unit
 (a word or a line: a few tokens). A target shorter than the task's fixed text (the
@@ -36,7 +37,8 @@ from typing import Any, ClassVar
 
 from ...utils.io import atomic_write_jsonl, atomic_write_text
 
-__all__ = ["Example", "LongContextTask", "TASKS", "register_task", "make_task", "task_names",
+__all__ = ["prompt_ids",
+           "Example", "LongContextTask", "TASKS", "register_task", "make_task", "task_names",
            "count_tokens", "fit_length", "score", "answer_budget", "write_text_atomic",
            "write_jsonl_atomic", "SPLITS"]
 
@@ -75,10 +77,17 @@ class Example:
         return d
 
 
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """The ids of `text` as the model receives it: [BOS] (when the tokenizer has one) and
+    the text's tokens without special tokens (module docstring)."""
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    return ids if bos is None else [bos] + ids
+
+
 def count_tokens(tokenizer, text: str) -> int:
-    """Tokens of `text` as the model receives it: `tokenizer(text)` with the tokenizer's
-    own special tokens (module docstring)."""
-    return len(tokenizer(text, verbose=False)["input_ids"])
+    """Tokens of `text` as the model receives it (`prompt_ids`)."""
+    return len(prompt_ids(tokenizer, text))
 
 
 def fit_length(render: Callable[[int], str], tokenizer, length: int) -> tuple[str, int, int]:

@@ -5,7 +5,8 @@ table.
 model's cache) for `answer_budget` new tokens or until EOS, and returns the decoded
 continuation; `evaluate_task` does that for `n` examples per length and scores each output
 with `score` (the fraction of the expected answers found in it; `common`). A length's
-accuracy is the mean score of its examples, in [0, 1].
+accuracy is the mean score of its examples, in [0, 1]. Before any example is built,
+`check_prompt_lengths` refuses a length whose prompt cannot fit the device's memory.
 
 `results_table` renders the rows as markdown, one row per length:
 
@@ -19,18 +20,38 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .common import Example, LongContextTask, answer_budget, score
+from .common import Example, LongContextTask, answer_budget, prompt_ids, score
 
-__all__ = ["generate", "score_example", "evaluate_task", "results_table"]
+__all__ = ["generate", "score_example", "evaluate_task", "results_table",
+           "check_prompt_lengths", "prompt_memory_floor"]
+
+
+def prompt_memory_floor(model, length: int) -> int:
+    """Bytes a prompt of `length` tokens needs at the least: its text (4 bytes), its ids (8
+    bytes) and the float32 keys and values of every layer (2 x 4 x hidden_size x
+    num_hidden_layers bytes) per token."""
+    config = getattr(model, "config", None)  # a model without one: the prompt alone
+    width = getattr(config, "hidden_size", 0) * getattr(config, "num_hidden_layers", 0)
+    return length * (12 + 8 * width)
+
+
+def check_prompt_lengths(model, lengths: Sequence[int]) -> None:
+    """ValueError naming the length when a prompt of that many tokens cannot fit the
+    memory of the model's device (`prompt_memory_floor`, `pathattn.utils.system`)."""
+    from ...utils.system import check_fits_memory
+
+    device = next((p.device for p in model.parameters()), None)
+    for length in lengths:
+        check_fits_memory(prompt_memory_floor(model, length),
+                          f"lengths: a prompt of {length:,} tokens", device)
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
-    """The greedy continuation of `prompt` (at most `max_new_tokens` tokens, stopping at
-    EOS), decoded without special tokens."""
-    enc = tokenizer(prompt, return_tensors="pt", verbose=False)
+    """The greedy continuation of `prompt` (its ids: `prompt_ids`; at most `max_new_tokens`
+    tokens, stopping at EOS), decoded without special tokens."""
     device = next(model.parameters()).device
-    ids = enc["input_ids"].to(device)  # [1, T]
+    ids = torch.tensor([prompt_ids(tokenizer, prompt)], device=device)  # [1, T]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
     out = model.generate(ids, attention_mask=torch.ones_like(ids),
@@ -60,6 +81,7 @@ def evaluate_task(model, tokenizer, task: LongContextTask, lengths: Sequence[int
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    check_prompt_lengths(model, lengths)
     model.eval()
     records, rows = [], []
     bar = tqdm(total=n * len(lengths), desc=f"longctx {task.name}", disable=not progress)

@@ -121,3 +121,19 @@ def test_cli_usage_errors(tiny_model_dir, capsys):
         with pytest.raises(SystemExit) as e:
             args.run(args, parser)
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_prompts_start_with_bos_whatever_the_tokenizer_template(bpe):
+    """An export's tokenizer adds no BOS of its own (`pathattn.hf.export.without_bos`); the
+    prompt a model receives still starts with the BOS that began every training document,
+    so data tokenizer and export agree on ids and lengths."""
+    from pathattn.evaluation.longctx import count_tokens
+    from pathattn.evaluation.longctx.common import prompt_ids
+    from pathattn.hf.export import without_bos
+
+    export = without_bos(bpe)
+    text = "One of the special magic numbers for calm-otter is: 1234567."
+    assert export(text)["input_ids"][0] != bpe.bos_token_id  # the template really differs
+    assert prompt_ids(export, text) == prompt_ids(bpe, text) == bpe(text)["input_ids"]
+    assert prompt_ids(bpe, text)[0] == bpe.bos_token_id
+    assert count_tokens(export, text) == count_tokens(bpe, text)
