@@ -136,6 +136,13 @@ def load_raw(ptr, rows, rmask, stride, col0, cols, cmask):
 
 
 @device_fn
+def block_ptrs(ptr, r0, lr, stride, col0, cols):
+    """Pointers of x[r0 + lr, col0 + cols] ([R, C]) for a scalar first row r0: one int64
+    base and int32 offsets inside the tile (fewer registers than `tile_ptrs`)."""
+    return (ptr + (r0.to(tl.int64) * stride + col0)) + (lr[:, None] * stride + cols[None, :])
+
+
+@device_fn
 def tile_ptrs(ptr, rows, stride, col0, cols):
     """Pointers of x[rows, col0 + cols]."""
     return ptr + tile_offsets(rows, stride, col0, cols)

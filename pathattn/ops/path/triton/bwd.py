@@ -17,7 +17,9 @@ so that x^(c) = y^(s) E_c, y^(s) the state at the last block of c's segment s. T
 of query block a recomputes y^(s) for each earlier segment from the state at the end of the
 segment before its own (one GEMM per segment boundary) and, inside its own segment,
 recomputes x^(c) from Q~_a. With SEG ~ sqrt(number of blocks) the extra work is about one
-more pass, and the extra memory is the E_c, O(T D^2 / BT).
+more pass, and the extra memory is the E_c, O(T D^2 / BT), and two float32 states per
+query row (the state at the start of its own segment and at the segment walked), which
+wait in memory rather than in registers during the walk.
 
 Gradients of key-side quantities (dV, dK~, the transition terms dU = -W x^T g and
 dW = -U g^T x of Pt = I - W^T U, one row per reflection, the gate terms) are accumulated
@@ -39,6 +41,7 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    block_ptrs,
     block_reflections,
     device_fn,
     e_offsets,
@@ -112,11 +115,12 @@ def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt
     P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
     Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
     # every atomic is relaxed: the sums need no ordering, only atomicity
-    tl.atomic_add(tile_ptrs(dv_ptr, kr, H * DV, h * DV, vcols),
+    lk = tl.arange(0, BT)
+    tl.atomic_add(block_ptrs(dv_ptr, tc, lk, H * DV, h * DV, vcols),
                   mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :],
                   sem="relaxed")
     dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
-    tl.atomic_add(tile_ptrs(dkt_ptr, kr, H * D, h * D, cols),
+    tl.atomic_add(block_ptrs(dkt_ptr, tc, lk, H * D, h * D, cols),
                   mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :],
                   sem="relaxed")
     if HAS_G:
@@ -132,10 +136,11 @@ def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt
         else:
             amask = wmask[:, None] & cmask[None, :]
         wx = mm_lp(Wc, tl.trans(x), TDT, PREC, EMULATE)  # [BTR, BT]
-        tl.atomic_add(tile_ptrs(du_ptr, wr, H * D, h * D, cols),
+        lw = tl.arange(0, BTR)
+        tl.atomic_add(block_ptrs(du_ptr, tc * R, lw, H * D, h * D, cols),
                       -mm_lp(wx, g, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
         ug = mm_lp(Uc, tl.trans(g), TDT, PREC, EMULATE)  # one [BTR, BT] temporary at a time
-        tl.atomic_add(tile_ptrs(dwp_ptr, wr, H * D, h * D, cols),
+        tl.atomic_add(block_ptrs(dwp_ptr, tc * R, lw, H * D, h * D, cols),
                       -mm_lp(ug, x, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
         g = g - mm_lp(tl.trans(ug), Wc, TDT, PREC, EMULATE)
     return g + mm_lp(dS, Kt, DT, PREC, EMULATE), drow
@@ -143,8 +148,8 @@ def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt
 
 @triton.jit
 def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, do_ptr,
-                lse_ptr, delta_ptr, dqt_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
-                dgate_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
+                lse_ptr, delta_ptr, dqt_ptr, ys_ptr, yc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr,
+                dwp_ptr, dgate_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
@@ -188,23 +193,35 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr,
     for i in range(0, a - sa * SEG):
         ytop = apply_transition(ytop, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
                                 cmask, PREC, BT, R, BTR, TDT, EMULATE)
+    # the states wait in memory (xa in this block's own rows of dqt, written last; ytop and
+    # the state y of the segment walked): the walk keeps g and dO in registers
+    smask = rmask[:, None] & cmask[None, :]
+    xa_ptrs = tile_ptrs(dqt_ptr, rows, HQ * D, hq * D, cols)
+    ytop_ptrs = tile_ptrs(ys_ptr, rows, HQ * D, hq * D, cols)
+    yc_ptrs = tile_ptrs(yc_ptr, rows, HQ * D, hq * D, cols)
+    tl.store(xa_ptrs, xa, mask=smask)
+    tl.store(ytop_ptrs, ytop, mask=smask)
+    tl.debug_barrier()
     for sc in range(0, sa):  # earlier segments, left to right
-        y = ytop
+        y = tl.load(ytop_ptrs, mask=smask, other=0.0)
         for i in range(0, sa - 1 - sc):  # down to the last block of segment sc
             f = (sa - 1 - i) * SEG  # first block of segment sa - 1 - i
             y = _times_e(y, e_ptr, blk0 + f, h, H, cols, BD, BK, PREC, TDT, EMULATE)
             y = apply_transition(y, wt_ptr, u_ptr, s0 + f * BT, h, H, D, cols, cmask, PREC,
                                  BT, R, BTR, TDT, EMULATE)
+        tl.store(yc_ptrs, y, mask=smask)
+        tl.debug_barrier()
         for j in range(0, SEG):
             c = sc * SEG + j
-            x = _times_e(y, e_ptr, blk0 + c, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+            x = _times_e(tl.load(yc_ptrs, mask=smask, other=0.0), e_ptr, blk0 + c, h, H,
+                         cols, BD, BK, PREC, TDT, EMULATE)
             g, drow = _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta,
                                        rmask, kt_ptr, v_ptr, wt_ptr, u_ptr, g_ptr, dv_ptr,
                                        dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
                                        cols, cmask, vcols, vmask, HAS_G, BT, DT, TDT, PREC,
                                        EMULATE, R, BTR)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
-        x = xa
+        x = tl.load(xa_ptrs, mask=smask, other=0.0)
         for i in range(0, a - 1 - c):
             x = apply_transition(x, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
                                  cmask, PREC, BT, R, BTR, TDT, EMULATE)
@@ -215,8 +232,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr,
     if HAS_G:  # dL/dG: this block's rows as queries, minus its tokens' in-block columns
         tl.atomic_add(dgate_ptr + row_offsets(rows, HQ, hq), drow - dcol, mask=rmask,
                       sem="relaxed")
-    tl.store(tile_ptrs(dqt_ptr, rows, HQ * D, hq * D, cols), g,
-             mask=rmask[:, None] & cmask[None, :])
+    tl.debug_barrier()  # every thread has read xa before g takes its place
+    tl.store(xa_ptrs, g, mask=smask)
 
 
 @device_fn
@@ -257,13 +274,15 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
     f32 = {"dtype": torch.float32, "device": q.device}
     e = segment_products(w, u, table, seg, BT, BD, prec, tdt, emulate, R, seg_launch)
     dqt = torch.empty(N, HQ, D, **f32)
+    # per query block: its state at its own segment's start and at the segment walked
+    ys, yc = torch.empty(2, N, HQ, D, **f32).unbind(0)
     dsd = torch.empty(N, HQ, BT, **f32)
     dv = torch.zeros(N, H, Dv, **f32)
     dkt = torch.zeros(N, H, D, **f32)
     du, dwp = (torch.zeros(N * R, H, D, **f32) for _ in range(2))
     dG = torch.zeros(N, HQ, **f32) if G is not None else None
     _bwd_kernel[(table.shape[0], HQ)](
-        q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, dsd, dv,
+        q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, ys, yc, dsd, dv,
         dkt, du, dwp, dG if dG is not None else lse, table, scale, seg, HQ, H, D, Dv,
         G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt, TDT=tdt,
         PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
