@@ -116,11 +116,11 @@ def test_lm_eval_hf_entry_loads_a_pathattn_folder(setup, tmp_path):
     texts = [json.loads(line)["text"] for line in
              (tmp_path / "tasks" / f"{lmeval.PPL_TASK}.jsonl").read_text().splitlines()]
     words = sum(len(t.split()) + 1 for t in texts[:LIMIT])
+    tasks = TaskManager(include_path=[str(tmp_path / "tasks")])  # indexing takes seconds
     for extra, double_bos in ((",add_bos_token=False", False), ("", True)):
         results = lm_eval.simple_evaluate(
             model="hf", model_args=f"pretrained={model_dir},device=cpu,dtype=float32{extra}",
-            tasks=[lmeval.PPL_TASK], limit=LIMIT,
-            task_manager=TaskManager(include_path=[str(tmp_path / "tasks")]))
+            tasks=[lmeval.PPL_TASK], limit=LIMIT, task_manager=tasks)
         ll = sum(direct_loglikelihoods(model_dir, texts[:LIMIT], double_bos))
         assert results["results"][lmeval.PPL_TASK]["word_perplexity,none"] == \
             pytest.approx(math.exp(-ll / words), rel=1e-5)
