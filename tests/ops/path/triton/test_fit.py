@@ -43,7 +43,8 @@ from pathattn.ops.path.triton import fit
 from pathattn.ops.path.triton.config import LaunchConfig
 device = sys.argv[1]
 grids = [{**fit.QUICK, "reflections": (1,)},
-         {**fit.QUICK, "D": (64, 128), "reflections": (2, 4)}]
+         {**fit.QUICK, "D": (128,), "reflections": (2,)},
+         {**fit.QUICK, "D": (64,), "reflections": (4,)}]
 out = [{"kernel": f.kernel, "D": f.D, "dtype": str(f.dtype), "BT": f.BT, "G": f.G, "R": f.R,
         "cap": f.capability, "shared": f.shared, "limit": f.limit, "stages": f.num_stages}
        for grid in grids for f in fit.run_checks(grid, devices=(device,))]
