@@ -47,11 +47,11 @@ def test_prefill_and_step_have_no_graph_break():
 @pytest.mark.slow
 @torch.no_grad()
 def test_prefill_and_step_compiled_match_eager():
-    """Compiled prefill (dynamic shapes, two prompt lengths), then compiled steps of one and
-    two tokens on its cache against the eager ones on an eager cache. The steps compile
-    with dynamic shapes too (symbolic m and cache length; inductor's CPU lowering of SDPA
-    with a bias fails on those in torch 2.13, so the compiled step spells the softmax
-    out)."""
+    """Compiled prefill (dynamic shapes, two prompt lengths), then compiled steps of two and
+    three tokens (one graph) on its cache against the eager ones on an eager cache. The
+    steps compile with dynamic shapes too (symbolic m and cache length; inductor's CPU
+    lowering of SDPA with a bias fails on those in torch 2.13, so the compiled step spells
+    the softmax out)."""
     torch._dynamo.reset()  # a fresh compile: earlier tests' frames do not count here
     # inductor's code for the prefill: test_prefill_with_attention_mask_compiled_matches_eager
     c_prefill = torch.compile(prefill, fullgraph=True, dynamic=True, backend="aot_eager")
@@ -62,10 +62,10 @@ def test_prefill_and_step_compiled_match_eager():
         o_got, s_got = c_prefill(*x)
         assert_same([o_got, s_got.k, s_got.v, s_got.g_cumsum],
                     [o_want, s_want.k, s_want.v, s_want.g_cumsum])
-    for m in (1, 2):
+    for m in (2, 3):  # symbolic m, one graph (m = 1: the decode-loop test below)
         new = _no_grad(m)
         assert_same([c_step(*new, s_got)], [step(*new, s_want)])
-    assert len(s_got) == len(s_want) == 17 + 3
+    assert len(s_got) == len(s_want) == 17 + 5
 
 
 @pytest.mark.slow
