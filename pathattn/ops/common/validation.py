@@ -8,7 +8,8 @@ import numbers
 import torch
 
 __all__ = ["FLOAT_DTYPES", "MAX_BLOCK_SIZE", "check_block_size", "check_cu_seqlens",
-           "batch_index", "check_tensor", "check_same", "check_scale", "assert_in_graph"]
+           "batch_index", "check_tensor", "check_same", "check_scale", "check_heads",
+           "check_one_device", "assert_in_graph"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -29,6 +30,24 @@ def check_same(name: str, got, want, what: str) -> None:
     """`got` must equal `want`; the message says "name: expected <what> <want>, got <got>"."""
     if got != want:
         raise ValueError(f"{name}: expected {what} {want}, got {got}")
+
+
+def check_heads(HQ: int, H: int, D: int, Dv: int, d_args: str = "q, k") -> None:
+    """HQ query heads a positive multiple of H key/value heads (GQA / MQA), and positive
+    head dims D (of `d_args`) and Dv (of v)."""
+    if H == 0 or HQ % H:
+        raise ValueError(f"q: number of query heads HQ={HQ} must be a multiple of the number "
+                         f"of key/value heads H={H} (GQA/MQA)")
+    if D == 0 or Dv == 0:
+        raise ValueError(f"head dims must be positive, got D={D} ({d_args}) and Dv={Dv} (v)")
+
+
+def check_one_device(q: torch.Tensor, others: dict) -> None:
+    """Every tensor of `others` (name -> tensor or None) on q's device."""
+    for name, x in others.items():
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all inputs "
+                             "must be on one device")
 
 
 def check_scale(scale) -> None:

@@ -7,6 +7,8 @@ import torch
 from ..common.validation import (
     assert_in_graph,
     check_cu_seqlens,
+    check_heads,
+    check_one_device,
     check_same,
     check_scale,
     check_tensor,
@@ -30,18 +32,10 @@ def check_fox_attn_inputs(q, k, v, g, scale, cu_seqlens) -> None:
     check_same("k", k.shape[3], D, "head dim D equal to q's")
     check_same("v", tuple(v.shape[:3]), (B, T, H), "[B, T, H] equal to k's")
     check_same("g", tuple(g.shape), (B, T, HQ), "shape [B, T, HQ]")
-    if H == 0 or HQ % H:
-        raise ValueError(f"q: number of query heads HQ={HQ} must be a multiple of the number "
-                         f"of key/value heads H={H} (GQA/MQA)")
-    if D == 0 or v.shape[3] == 0:
-        raise ValueError(f"head dims must be positive, got D={D} (q, k) and Dv={v.shape[3]} "
-                         "(v)")
+    check_heads(HQ, H, D, v.shape[3])
     for name, x in (("k", k), ("v", v)):
         check_same(name, x.dtype, q.dtype, "dtype equal to q's")
-    for name, x in (("k", k), ("v", v), ("g", g)):
-        if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all inputs "
-                             "must be on one device")
+    check_one_device(q, {"k": k, "v": v, "g": g})
     check_scale(scale)
     if cu_seqlens is None:
         return

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ..common.validation import check_cu_seqlens, check_same, check_scale, check_tensor
+from ..common.validation import (
+    check_cu_seqlens,
+    check_heads,
+    check_one_device,
+    check_same,
+    check_scale,
+    check_tensor,
+)
 
 __all__ = ["check_path_attn_inputs"]
 
@@ -45,22 +52,13 @@ def check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens) -> None:
         check_same("beta", tuple(beta.shape), (B, T, H), "shape [B, T, H]")
     else:
         check_same("beta", tuple(beta.shape), (B, T, H, R), "shape [B, T, H, R] (w's first four)")
-    if H == 0 or HQ % H:
-        raise ValueError(f"q: number of query heads HQ={HQ} must be a multiple of the number "
-                         f"of key/value heads H={H} (GQA/MQA)")
-    if D == 0 or v.shape[3] == 0:
-        raise ValueError(f"head dims must be positive, got D={D} (q, k, w) and "
-                         f"Dv={v.shape[3]} (v)")
+    check_heads(HQ, H, D, v.shape[3], "q, k, w")
     for name, x in (("k", k), ("v", v), ("w", w)):
         check_same(name, x.dtype, q.dtype, "dtype equal to q's")
     if g is not None:
         check_tensor("g", g, 3, "[B, T, HQ]")
         check_same("g", tuple(g.shape), (B, T, HQ), "shape [B, T, HQ]")
-    dev = q.device
-    for name, x in (("k", k), ("v", v), ("w", w), ("beta", beta), ("g", g)):
-        if x is not None and x.device != dev:
-            raise ValueError(f"{name} is on {x.device} but q is on {dev}: all inputs must be "
-                             "on one device")
+    check_one_device(q, {"k": k, "v": v, "w": w, "beta": beta, "g": g})
     check_scale(scale)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, T)

@@ -7,6 +7,8 @@ import torch
 from ..common.validation import (
     assert_in_graph,
     check_cu_seqlens,
+    check_heads,
+    check_one_device,
     check_same,
     check_scale,
     check_tensor,
@@ -41,17 +43,10 @@ def check_sb_attn_inputs(q, k, v, scale, cu_seqlens, attend_current, *,
     H = k.shape[2]
     check_same("k", k.shape[3], D, "head dim D equal to q's")
     check_same("v", tuple(v.shape[:3]), tuple(k.shape[:3]), "[B, T, H] equal to k's")
-    if H == 0 or HQ % H:
-        raise ValueError(f"q: number of query heads HQ={HQ} must be a multiple of the number "
-                         f"of key/value heads H={H} (GQA/MQA)")
-    if D == 0 or v.shape[3] == 0:
-        raise ValueError(f"head dims must be positive, got D={D} (q, k) and Dv={v.shape[3]} "
-                         "(v)")
+    check_heads(HQ, H, D, v.shape[3])
     for name, x in (("k", k), ("v", v)):
         check_same(name, x.dtype, q.dtype, "dtype equal to q's")
-        if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all inputs "
-                             "must be on one device")
+    check_one_device(q, {"k": k, "v": v})
     check_scale(scale)
     check_attend_current(attend_current)
     if cu_seqlens is not None:
