@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ pytest.importorskip("lm_eval.models.huggingface")  # needs accelerate (lm-eval[h
 
 from pathattn.data import load_tokenizer  # noqa: E402
 from pathattn.evaluation import lmeval  # noqa: E402
+from tests._tiny_text import tiny_prepared  # noqa: E402
 
-WORDS = "the a river stone mill cloud hill boat shore bird light road town green blue".split()
 LIMIT = 3
 
 
@@ -33,15 +32,7 @@ def setup(tmp_path_factory) -> tuple[Path, Path]:
     from pathattn.hf import PaTHConfig, PaTHForCausalLM
 
     root = tmp_path_factory.mktemp("lmeval")
-    (root / "corpus").mkdir()
-    rng = random.Random(0)
-    for i in range(16):
-        words = [rng.choice(WORDS) for _ in range(rng.randrange(20, 60))]
-        (root / "corpus" / f"doc{i}.txt").write_text(" ".join(words) + ".\n")
-    assert main(["tokenizer", "--input", str(root / "corpus"), "--vocab-size", "300",
-                 "--out", str(root / "tok"), "--no-progress"]) == 0
-    assert main(["prepare", "--input", str(root / "corpus"), "--tokenizer", str(root / "tok"),
-                 "--out", str(root / "data"), "--val-fraction", "0.4", "--workers", "1"]) == 0
+    tiny_prepared(root)
     tok = load_tokenizer(root / "tok")
     torch.manual_seed(0)
     config = PaTHConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
