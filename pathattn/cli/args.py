@@ -151,5 +151,16 @@ def add_hf_model_flag(p: argparse.ArgumentParser) -> None:
 def add_device_and_results_flags(p: argparse.ArgumentParser) -> None:
     """--device (default: cuda when available) and --out (default MODEL/eval) of an
     evaluation of one --model."""
-    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    add_device_flag(p, None)
     p.add_argument("--out", metavar="DIR", help="results folder (default MODEL/eval)")
+
+
+def add_device_flag(p: argparse.ArgumentParser, default: str | None = "cpu") -> None:
+    """--device: where the command computes ("cpu", "cuda", "cuda:N"; under torchrun
+    "cuda" is each rank's GPU, cuda:LOCAL_RANK, with NCCL between the ranks); default
+    `default` (None: cuda when available, else cpu). Resolved by
+    `pathattn.utils.device.resolve_device`, whose ValueError names --device."""
+    what = "cuda when available, else cpu" if default is None else default
+    p.add_argument("--device", default=default,
+                   help=f"torch device: cpu, cuda or cuda:N (under torchrun, cuda is each "
+                        f"rank's GPU, NCCL between them; default {what})")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .args import add_dp, add_run_folder_flags, model_args
+from .args import add_device_flag, add_dp, add_run_folder_flags, model_args
 
 HELP = "convert a pretrained RoPE model (Llama, Mistral, Qwen2, Qwen3) into PaTH"
 
@@ -60,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          "replace the conversion in --out", "no tqdm progress bars")
     add_dp(p, "under torchrun: replicate the teacher and the student (ddp, default) or "
            "shard both with FSDP2 (fsdp)")
+    add_device_flag(p)
     p.set_defaults(run=run)
 
 
@@ -118,11 +119,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     `parser.error`."""
     from ..convert import convert
     from ..data import DataError
+    from ..utils.device import resolve_device
 
     try:
+        device = resolve_device(args.device)
         options = convert_options(args)
         summary = convert(args.teacher, args.data, args.out, resume=args.resume,
-                          overwrite=args.overwrite, dp=args.dp, **options)
+                          overwrite=args.overwrite, dp=args.dp, device=device, **options)
     except (ValueError, DataError, OSError) as e:
         parser.error(str(e))
     _close_process_group()

@@ -19,6 +19,11 @@ after a conversion. --preset, --attn and --model-arg do not apply then.
 
 Under torchrun, --dp ddp|fsdp replicates or shards the model and --context-parallel N
 shares each row over N ranks (ring attention, --packing windows).
+
+`--device cuda` trains on a GPU (under torchrun each rank's own, cuda:LOCAL_RANK, with
+NCCL between the ranks; fused AdamW, batches copied from pinned memory); `--dtype
+bfloat16` adds autocast. The device is not part of the run's config: a run may resume on
+another device.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from .args import (
     DTYPE_OPTION,
     add_context_parallel,
+    add_device_flag,
     add_dp,
     add_model_flags,
     add_options,
@@ -89,6 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          "continue from the checkpoint in --out with its stored config",
                          "replace the run in --out (its logs, metrics and checkpoints)")
     p.add_argument("--no-export", action="store_true", help="skip the export to --out/hf")
+    add_device_flag(p)
     add_dp(p, "under torchrun: replicate the model (ddp, default) or shard it with FSDP2 "
            "(fsdp; checkpoints by torch.distributed.checkpoint)")
     add_context_parallel(p, "under torchrun: ranks sharing each row (ring attention; PaTH "
@@ -215,16 +222,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..data import DataError
     from ..train import Trainer
     from ..train.pretrain_run import train_and_export
+    from ..utils.device import resolve_device
     from ..utils.io import writable_dir
 
     try:
+        device = resolve_device(args.device)
         cfg = pretrain_config(args)
         if args.context_parallel > 1 and cfg.packing != "windows":
             raise ValueError("--context-parallel: the ring splits plain windows; add "
                              "--packing windows")
         writable_dir(args.out, "--out")
         trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite, dp=args.dp,
-                          context_parallel=args.context_parallel)
+                          context_parallel=args.context_parallel, device=device)
     except (ValueError, DataError) as e:
         parser.error(str(e))
     try:

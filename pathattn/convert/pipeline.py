@@ -35,6 +35,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ..distributed import DP_MODES, full_state_dict, init_from_env
@@ -169,12 +170,12 @@ def _export(trainer, export_to: Path, tokenizer) -> None:
 
 
 def _run_stage(cfg: DistillConfig, export_to: Path, tokenizer, *, resume: bool,
-               overwrite: bool, init_file: Path | None = None, dp: str = "ddp"
-               ) -> dict[str, Any]:
+               overwrite: bool, init_file: Path | None = None, dp: str = "ddp",
+               device: torch.device | str = "cpu") -> dict[str, Any]:
     """Train one stage (or reuse it when finished and resume), export its student to
     export_to; returns its final metrics ({"step": k} when stopped early, and on ranks
     other than 0). init_file: where the first stage writes the metrics of the untrained
-    student (computed once). dp: the Trainer's under torchrun."""
+    student (computed once). dp: the Trainer's under torchrun; device: where it computes."""
     from ..train.trainer import open_run
 
     if resume and not overwrite:
@@ -183,7 +184,7 @@ def _run_stage(cfg: DistillConfig, export_to: Path, tokenizer, *, resume: bool,
                           else None)
         if done is not None:
             return done
-    options = {"dp": dp} if dist.is_initialized() else {}
+    options = {"dp": dp, "device": device} if dist.is_initialized() else {"device": device}
     with open_run(cfg, resume=resume, overwrite=overwrite, **options) as trainer:
         if (init_file is not None and trainer.step == 0
                 and _from_main(_read_json(init_file) is None)
@@ -217,7 +218,7 @@ def _summary(metrics: list[dict], init: dict | None) -> dict[str, Any]:
 
 def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike, *,
             resume: bool = False, overwrite: bool = False, dp: str = "ddp",
-            **options) -> dict[str, Any]:
+            device: torch.device | str = "cpu", **options) -> dict[str, Any]:
     """Convert the teacher folder into a PaTH model in out/hf (module docstring).
 
     Args:
@@ -229,6 +230,8 @@ def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.P
         overwrite: start over in a folder that holds a conversion.
         dp: under torchrun, "ddp" (every rank holds the teacher and the student) or "fsdp"
             (both sharded over the ranks; `pathattn.convert.distill`).
+        device: where teacher and student compute (`pathattn.utils.device.resolve_device`;
+            a CUDA device under torchrun: each rank's GPU, NCCL between them).
         **options: `stage_configs` options (stage1_tokens, stage2_tokens, seq_len,
             batch_size, attn_type, stage1_lr, stage2_lr, stage2_params, init,
             student_options, and LoopConfig fields such as dtype, seed, progress).
@@ -241,7 +244,7 @@ def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.P
                          "conversion in the folder, --overwrite replaces it)")
     if dp not in DP_MODES:
         raise ValueError(f"dp must be one of {DP_MODES}, got {dp!r}")
-    if not init_from_env() and dp != "ddp":
+    if not init_from_env(device) and dp != "ddp":
         raise ValueError(f"dp={dp!r} needs torch.distributed (launch with torchrun "
                          "--nproc_per_node ...)")
     out = Path(out)
@@ -262,7 +265,7 @@ def convert(teacher: str | os.PathLike, data: str | os.PathLike, out: str | os.P
             last = i == len(cfgs) - 1
             export_to = out / "hf" if last and cfg.stage == 2 else Path(cfg.out_dir) / "hf"
             metrics.append(_run_stage(cfg, export_to, tokenizer, resume=resume,
-                                      overwrite=overwrite, dp=dp,
+                                      overwrite=overwrite, dp=dp, device=device,
                                       init_file=out / "init_metrics.json" if i == 0 else None))
             if metrics[-1]["step"] < cfg.steps:  # stopped early: nothing more to do
                 return {"step": metrics[-1]["step"]}

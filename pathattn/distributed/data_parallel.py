@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..models import IGNORE_INDEX
+from ..utils.device import distributed_backend
 from .model_parallel import context_parallel
 
 __all__ = ["DistributedTraining", "torchrun_world_size", "replica_layout", "DP_MODES",
@@ -96,14 +97,23 @@ def init_from_env(device: torch.device | str = "cpu") -> bool:
     return True
 
 
+def _launched_by_torchrun() -> bool:
+    """Whether torchrun's variables are set (a one-process torchrun run included: FSDP2 on
+    one rank, to compare with the plain run)."""
+    return all(k in os.environ for k in ("RANK", "MASTER_ADDR", "MASTER_PORT",
+                                         "WORLD_SIZE"))
+
+
 def _init_from_env(device: torch.device) -> None:
     if dist.is_initialized():
         return
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise ValueError(f"WORLD_SIZE > 1 but {missing} not set: launch with torchrun")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # NCCL's communicators bind to the current device
+    dist.init_process_group(distributed_backend(device),
+                            timeout=datetime.timedelta(minutes=30))
 
 
 DP_MODES = ("ddp", "fsdp")
@@ -165,7 +175,7 @@ class DistributedTraining:
         world = torchrun_world_size()
         if world <= 1 and context_parallel == 1 and dp == "ddp":
             return None
-        if world <= 1 and not dist.is_initialized():
+        if world <= 1 and not dist.is_initialized() and not _launched_by_torchrun():
             if context_parallel != 1:
                 raise ValueError(f"context_parallel={context_parallel} needs as many "
                                  "processes (launch with torchrun --nproc_per_node ...)")

@@ -47,6 +47,7 @@ from ..nn.norm import RMSNorm
 from ..nn.rope import RotaryEmbedding
 from ..nn.short_conv import ShortConv
 from ..ops.common.padding import check_attention_mask
+from ..utils.value_checks import checks_on_host, mask_on_device
 from .cache import PaTHGenerationCache
 from .configuration import PaTHConfig
 
@@ -196,10 +197,11 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
         if cache is not None and not isinstance(cache, PaTHGenerationCache):
             raise ValueError(f"cache must be a PaTHGenerationCache (returned by this model), "
                              f"got {type(cache).__name__}")
-        x = self.embeddings(input_ids, inputs_embeds)  # [B, T, hidden]
+        decoding = cache is not None and not cache.is_empty
+        x = self.embeddings(input_ids, inputs_embeds, per_token=decoding)  # [B, T, hidden]
         trace = Trace(self._flag(output_hidden_states, "output_hidden_states"),
                       self._flag(output_attentions, "output_attentions"))
-        if cache is not None and not cache.is_empty:
+        if decoding:
             hidden = self._decode(x, attention_mask, cache, cu_seqlens, trace)
         else:
             mask = check_mask(attention_mask, x.shape[0], x.shape[1], x.device)
@@ -213,14 +215,17 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
         return out if return_dict is not False else out.to_tuple()
 
     def embeddings(self, input_ids: torch.Tensor | None,
-                   inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+                   inputs_embeds: torch.Tensor | None, per_token: bool = False
+                   ) -> torch.Tensor:
         """The trunk's input x [B, T, hidden]: embed_tokens(input_ids), or inputs_embeds
-        as given. ValueError unless exactly one is given, with its shape and dtype."""
+        as given. ValueError unless exactly one is given, with its shape and dtype.
+        per_token (a decode step): the ids' range is checked as `check_ids` per_token does
+        (on the device on a GPU)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids [B, T] and inputs_embeds "
                              "[B, T, hidden]")
         if inputs_embeds is None:
-            check_ids("input_ids", input_ids, self.config.vocab_size)
+            check_ids("input_ids", input_ids, self.config.vocab_size, per_token=per_token)
             return self.embed_tokens(input_ids)
         weight = self.embed_tokens.weight
         if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.ndim != 3 or (
@@ -254,8 +259,11 @@ class PaTHModel(DecoderTrunk, PaTHPreTrainedModel):
                     attention_mask.shape) != (B, n + m):
                 raise ValueError(f"attention_mask must have shape [B, past + new] = "
                                  f"[{B}, {n + m}] when decoding after {n} cached positions")
-            mask = check_mask(attention_mask, B, n + m, x.device)
-            step_mask = None if mask is None else mask[:, n:]  # the old columns are cached
+            if checks_on_host(x.device):
+                mask = check_mask(attention_mask, B, n + m, x.device)
+                step_mask = None if mask is None else mask[:, n:]  # old columns are cached
+            else:  # the new columns only (the old ones are cached), checked by the device
+                step_mask = mask_on_device(attention_mask[:, n:], B, m, x.device)
         if trace.attentions is not None and not cache.is_croppable:
             raise ValueError("output_attentions while decoding needs a cache whose prefill "
                              "kept its inputs: prefill with output_attentions=True (generate() "

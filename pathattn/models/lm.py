@@ -34,6 +34,7 @@ from ..nn.norm import RMSNorm
 from ..nn.path_attention import init_forget_gate_bias
 from ..ops.common.padding import MaskedRows
 from ..ops.common.validation import assert_in_graph
+from ..utils.value_checks import assert_on_device, checks_on_host
 from .attention_types import get_attention_type
 from .config import ModelConfig
 
@@ -168,10 +169,12 @@ class ModelCache:
             cache.truncate(new_len)
 
 
-def check_ids(name: str, ids, vocab_size: int) -> None:
+def check_ids(name: str, ids, vocab_size: int, *, per_token: bool = False) -> None:
     """ids must be an integer tensor [B, T] (T >= 1) with values in [0, vocab_size).
     Under torch.compile the range is checked in the graph (a RuntimeError when the compiled
-    code runs) instead of on the host."""
+    code runs) instead of on the host. per_token (a decode step): the range is checked on
+    the device wherever `checks_on_host` says so (a GPU: no host synchronisation per
+    token, `pathattn.utils.value_checks`); the type, dtype and shape always on the host."""
     if not isinstance(ids, torch.Tensor):
         raise ValueError(f"{name} must be an integer tensor [B, T], got {type(ids).__name__}")
     if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
@@ -179,15 +182,17 @@ def check_ids(name: str, ids, vocab_size: int) -> None:
     if ids.ndim != 2 or ids.shape[1] == 0:
         raise ValueError(f"{name} must have shape [B, T] with T >= 1, got "
                          f"{tuple(ids.shape)}")
+    message = f"{name}: ids must lie in [0, vocab_size={vocab_size})"
     if torch.compiler.is_compiling():  # checked in the graph, no host read
-        assert_in_graph(((ids >= 0) & (ids < vocab_size)).all(),
-                        f"{name}: ids must lie in [0, vocab_size={vocab_size})")
+        assert_in_graph(((ids >= 0) & (ids < vocab_size)).all(), message)
+        return
+    if per_token and not checks_on_host(ids.device):  # checked by the device, no host read
+        assert_on_device(((ids >= 0) & (ids < vocab_size)).all(), message)
         return
     if ids.numel():
         lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one pass, one host read
         if lo < 0 or hi >= vocab_size:
-            raise ValueError(f"{name}: ids must lie in [0, vocab_size={vocab_size}), got "
-                             f"min {lo}, max {hi}")
+            raise ValueError(f"{message}, got min {lo}, max {hi}")
 
 
 def _check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> None:
@@ -385,8 +390,13 @@ class PaTHLM(DecoderTrunk, nn.Module):
     @torch.no_grad()
     def decode(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
         """m >= 1 new tokens input_ids [B, m] after `cache` (updated in place). Returns
-        logits [B, m, V]: the last m rows of `forward` on the whole sequence. No gradients."""
-        check_ids("input_ids", input_ids, self.config.vocab_size)
+        logits [B, m, V]: the last m rows of `forward` on the whole sequence. No gradients.
+        The ids' range is checked without a host read on a GPU (`check_ids` per_token)."""
+        check_ids("input_ids", input_ids, self.config.vocab_size, per_token=True)
+        return self._decode_logits(input_ids, cache)
+
+    def _decode_logits(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        """`decode` without the value check (ids the model chose itself)."""
         return self.lm_head(self._decode_hidden(self.embed_tokens(input_ids), cache))
 
     @torch.no_grad()
@@ -402,8 +412,8 @@ class PaTHLM(DecoderTrunk, nn.Module):
         logits, cache = self.prefill(input_ids, attention_mask)
         out = []
         for i in range(int(max_new_tokens)):
-            if i:
-                logits = self.decode(out[-1], cache)
+            if i:  # ids from argmax over the vocabulary: no value check needed
+                logits = self._decode_logits(out[-1], cache)
             out.append(logits[:, -1].argmax(-1, keepdim=True))  # [B, 1]
         if not out:
             return input_ids.new_zeros(input_ids.shape[0], 0, dtype=torch.long)

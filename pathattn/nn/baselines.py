@@ -170,7 +170,8 @@ class RoPEAttention(AttentionProjections):
             return self.empty_output(x)
         B, m, _ = x.shape
         T0 = len(cache)
-        valid = self._valid(x, mask)
+        keep = step_mask(x, mask)  # values on the host or the device (`checks_on_host`)
+        valid = torch.ones(B, m, dtype=torch.bool, device=x.device) if keep is None else keep
         q, k, v = self._rotated(x, valid, cache.key_mask.sum(1))
         cache.append(k.transpose(1, 2), v.transpose(1, 2), valid)
         ar = torch.arange(T0 + m, device=x.device)

@@ -24,6 +24,7 @@ from ..ops import path_attn, path_attn_prefill, path_attn_step, path_attn_weight
 from ..ops.common.padding import check_attention_mask as check_op_attention_mask
 from ..ops.common.validation import check_cu_seqlens
 from ..ops.path.backends import check_backend_name
+from ..utils.value_checks import checks_on_host, mask_on_device
 from .fused_projection import FusedProjection
 from .layer_cache import LayerCache
 from .norm import RMSNorm
@@ -205,8 +206,12 @@ class AttentionProjections(nn.Module):
 
 def step_mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
     """The mask [B, m] of a decode step's new tokens x [B, m, hidden] -> bool, or None when
-    absent or all ones (checked as an attention_mask)."""
-    return check_attention_mask(x, mask)
+    absent (or all ones, where values are checked on the host). Checked as an
+    attention_mask, its values on the host or on the device (`checks_on_host`: no host
+    synchronisation per token on a GPU)."""
+    if mask is None or checks_on_host(x.device):
+        return check_attention_mask(x, mask)
+    return mask_on_device(mask, x.shape[0], x.shape[1], x.device)
 
 
 class WholeSequence:
@@ -435,12 +440,25 @@ class PaTHAttention(AttentionProjections):
         q, k, v, u, beta, g = self.step_inputs(x, cache.projection)
         if keep is not None:
             u = u * keep[..., None].to(u.dtype)
-        w_conv, hist = self.w_conv.step(u, cache.conv_state, keep)
+        w_conv, hist = self._conv_step(u, cache.conv_state, keep)
         with no_autocast(x.device.type):
             o = path_attn_step(q, k, v, self.unit_w(w_conv, q.dtype), beta, g,
                                state=cache.attn, backend=self.backend, mask=keep)
         cache.update(u, hist[:, hist.shape[1] - cache.conv_state.shape[1]:])
         return self.out(o)
+
+    def _conv_step(self, u: torch.Tensor, state: torch.Tensor, keep: torch.Tensor | None):
+        """The short conv's step of u [B, m, C] (zero at masked tokens) after state
+        [B, K-1, C] -> (w_conv [B, m, C], history [B, K-1+m, C]), as `ShortConv.step`. One
+        token per row with a mask: the plain step, and the history of a masked token is
+        [0, state] (the state unchanged: the conv skips it), as the masked step gives, in
+        two elementwise ops instead of its sort and gathers; the conv output of a masked
+        token differs, but its w is zeroed by the op (`path_attn_step`'s mask)."""
+        if keep is None or u.shape[1] != 1:
+            return self.w_conv.step(u, state, keep)
+        w_conv, hist = self.w_conv.step(u, state)  # [B, 1, C], [B, K, C]
+        skipped = torch.cat([hist[:, -1:], hist[:, :-1]], dim=1)  # [B, K, C]: [0, state]
+        return w_conv, torch.where(keep[:, :, None], hist, skipped)
 
     # ------------------------------------------------------------------ inspection
 

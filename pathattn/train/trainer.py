@@ -28,6 +28,7 @@ from ..distributed.data_parallel import DistributedTraining, replica_layout
 from ..models import IGNORE_INDEX
 from ..tasks import flatten_metrics
 from ..utils import autocast_context
+from ..utils.device import fused_optimizer, to_device
 from ..utils.io import append_text, atomic_write_json, remove_temp_files, writable_dir
 from .checkpoint import (
     CheckpointError,
@@ -156,7 +157,8 @@ class Trainer:
         if self.sharded:  # every rank past the folder checks before anyone loads
             self.parallel.barrier()
         self.optimizer = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay),
-                                           lr=cfg.lr, betas=(0.9, 0.95))
+                                           lr=cfg.lr, betas=(0.9, 0.95),
+                                           **fused_optimizer(self.device))
         self.step = 0
         self.tokens = 0  # input tokens of all steps so far
         try:
@@ -279,7 +281,8 @@ class Trainer:
         """One optimizer step on the next training step's micro-batches; returns {"loss",
         "lr", "grad_norm"} (loss: mean over the step's scored targets)."""
         cfg = self.cfg
-        micro = [{k: v.to(self.device) if torch.is_tensor(v) else v for k, v in mb.items()}
+        micro = [{k: to_device(v, self.device) if torch.is_tensor(v) else v
+                  for k, v in mb.items()}
                  for mb in next(self.data)]
         # "global_scored" / "global_tokens": scored targets / input tokens of the global
         # micro-batch when each rank reads its own rows (pretraining); absent when every

@@ -39,22 +39,23 @@ def _run_with_parser(run, parser: argparse.ArgumentParser, args: argparse.Namesp
 
 def load_model(folder: str, device: str | None):
     """(model in eval mode on `device`, tokenizer) of a Hugging Face model folder; device
-    None: cuda when available, else cpu. ValueError naming --model when the folder holds
+    None: cuda when available, else cpu (`resolve_device`: ValueError naming --device for
+    a CUDA device without CUDA). ValueError naming --model when the folder holds
     no config.json or no usable tokenizer (`pathattn.data.identity.model_tokenizer`:
     also one that is not the tokenizer its export recorded), cannot be loaded, or holds
     weights that are not finite (a diverged training)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     from ...data.identity import model_tokenizer
     from ...train.divergence import non_finite_parameters
+    from ...utils.device import resolve_device
 
+    device = resolve_device(device)  # ValueError naming --device (no CUDA, a bad name)
     tokenizer, _ = model_tokenizer(folder, "--model")  # a DataError is a ValueError
     if not (Path(folder) / "config.json").is_file():
         raise ValueError(f"--model: {folder} has no config.json (a folder written by "
                          "save_pretrained, e.g. the hf folder of a `pathattn pretrain` run)")
     # pathattn's models resolve: importing pathattn registers them with the Auto classes
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         model = AutoModelForCausalLM.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as e:

@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, metavar="N",
                    help="tokens generated per example (default: the answer's tokens x "
                    "1.25 + 8)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="float32, or bfloat16 autocast (default float32)")
     add_device_and_results_flags(p)
     add_no_progress(p, "no tqdm progress bar")
 
@@ -84,7 +86,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         model, tokenizer = load_model(args.model, args.device)
         writable_dir(out, "--out")  # before the work: --out a file, or read-only
         results = evaluate_task(model, tokenizer, task, args.lengths, args.n, args.seed,
-                                args.max_new_tokens, progress=not args.no_progress)
+                                args.max_new_tokens, progress=not args.no_progress,
+                                dtype=args.dtype)
     except ValueError as e:  # a bad --model, a length too short or too long for memory
         parser.error(str(e))
     results["model"] = str(args.model)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 
 from ...evaluation.ppl import DEFAULT_CHUNK_SIZE, DEFAULT_LENGTHS, DTYPES, PplError
-from ..args import add_no_progress
+from ..args import add_device_flag, add_no_progress
 
 NAME = "ppl"
 HELP = "perplexity by context length and loss by token position of causal LMs"
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="windows per forward pass (default 1)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="float32, or bfloat16 autocast (default float32)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_device_flag(p)
     p.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, metavar="N",
                    help=f"tokens per LM-head chunk, 0 = all logits at once (default "
                    f"{DEFAULT_CHUNK_SIZE})")
@@ -62,9 +62,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     (or is raised as PplError when parser is None). Returns the exit code (0)."""
     from ...evaluation.ppl_models import evaluate_models
     from ...evaluation.ppl_report import markdown_table, write_report
+    from ...utils.device import resolve_device
     from ...utils.io import writable_dir
 
     try:
+        try:
+            device = resolve_device(args.device)
+        except ValueError as e:
+            raise PplError("device", str(e).removeprefix("--device").lstrip(" :")) from None
         if args.chunk_size is not None and args.chunk_size < 0:
             raise PplError("chunk_size", f"must be a non-negative int, got {args.chunk_size}")
         if args.out is not None:  # before the work: a file, or read-only
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         report = evaluate_models(
             args.model, args.data, args.lengths, split=args.split, max_docs=args.max_docs,
             batch_size=args.batch_size, chunk_size=args.chunk_size or None, dtype=args.dtype,
-            device=args.device, progress=not args.no_progress,
+            device=device, progress=not args.no_progress,
             per_document=args.per_document)
         print(markdown_table(report))
         if args.out is not None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ...utils.precision import DTYPES, autocast_context
 from .common import Example, LongContextTask, answer_budget, prompt_ids, score
 
 __all__ = ["generate", "score_example", "evaluate_task", "results_table",
@@ -47,24 +48,28 @@ def check_prompt_lengths(model, lengths: Sequence[int]) -> None:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+def generate(model, tokenizer, prompt: str, max_new_tokens: int, dtype: str = "float32"
+             ) -> str:
     """The greedy continuation of `prompt` (its ids: `prompt_ids`; at most `max_new_tokens`
-    tokens, stopping at EOS), decoded without special tokens."""
+    tokens, stopping at EOS), decoded without special tokens; dtype "bfloat16": under
+    autocast (`pathattn.utils.autocast_context`)."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids(tokenizer, prompt)], device=device)  # [1, T]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
         tokenizer.eos_token_id
-    out = model.generate(ids, attention_mask=torch.ones_like(ids),
-                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    with autocast_context(dtype, device):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=pad)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def score_example(model, tokenizer, example: Example, max_new_tokens: int | None = None
-                  ) -> dict:
+def score_example(model, tokenizer, example: Example, max_new_tokens: int | None = None,
+                  dtype: str = "float32") -> dict:
     """{"length", "index", "num_tokens", "answers", "output", "score"} of one example;
-    max_new_tokens defaults to `answer_budget`."""
+    max_new_tokens defaults to `answer_budget`; dtype as `generate`'s."""
     budget = answer_budget(tokenizer, example) if max_new_tokens is None else max_new_tokens
-    output = generate(model, tokenizer, example.prompt, budget)
+    output = generate(model, tokenizer, example.prompt, budget, dtype)
     return dict(length=example.length, index=example.index, num_tokens=example.num_tokens,
                 answers=list(example.answers), output=output,
                 score=score(output, example.answers))
@@ -72,8 +77,9 @@ def score_example(model, tokenizer, example: Example, max_new_tokens: int | None
 
 def evaluate_task(model, tokenizer, task: LongContextTask, lengths: Sequence[int], n: int,
                   seed: int = 0, max_new_tokens: int | None = None,
-                  progress: bool = True) -> dict:
-    """Score `n` examples of `task` at each length.
+                  progress: bool = True, dtype: str = "float32") -> dict:
+    """Score `n` examples of `task` at each length (dtype "bfloat16": generation under
+    autocast).
 
     Returns {"task", "variant", "options", "seed", "n", "rows": [{"length", "examples",
     "accuracy", "prompt_tokens"}], "examples": [score_example records]}, accuracy the mean
@@ -81,6 +87,8 @@ def evaluate_task(model, tokenizer, task: LongContextTask, lengths: Sequence[int
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     check_prompt_lengths(model, lengths)
     model.eval()
     records, rows = [], []
@@ -90,7 +98,8 @@ def evaluate_task(model, tokenizer, task: LongContextTask, lengths: Sequence[int
             scored = []
             for i in range(n):
                 example = task.example(tokenizer, length, i, seed)
-                scored.append(score_example(model, tokenizer, example, max_new_tokens))
+                scored.append(score_example(model, tokenizer, example, max_new_tokens,
+                                            dtype))
                 bar.update(1)
             rows.append(dict(length=length, examples=n,
                              accuracy=sum(r["score"] for r in scored) / n,

@@ -368,7 +368,7 @@ class PaTHCache:
         if g_cumsum is not None:
             self._g[:, :, T: T + m] = g_cumsum
         if keep is None:
-            self._keep[:, T: T + m] = True
+            self._keep[:, T: T + m].fill_(True)  # a fill on the device, no host scalar
         else:
             self._keep[:, T: T + m] = keep
             self._padded = True

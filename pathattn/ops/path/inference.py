@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ...utils.value_checks import checks_on_host, mask_on_device
 from ..common.heads import compute_dtype, default_scale
 from ..common.padding import MaskedRows, check_attention_mask
 from .api import path_attn, path_attn_with_keys
@@ -198,15 +199,19 @@ def path_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.T
         scale: logit scale, default D ** -0.5 (the gate term is not scaled).
         backend: checked as `path_attn`'s; the step itself is PyTorch ops for every
             backend (one pass over the cache per token: memory-bound, no kernel needed).
-        mask: None, or [B, m] bool / 0-1 with 0 at masked new tokens (module docstring).
+        mask: None, or [B, m] bool / 0-1 with 0 at masked new tokens (module docstring);
+            its values are checked on the host on the CPU, on the device elsewhere
+            (`pathattn.utils.value_checks`: no host synchronisation per step on a GPU).
 
     Returns o [B, m, HQ, Dv] in q's dtype: the last m rows of `path_attn` on the whole
     sequence of each row's real tokens (zero at masked tokens). No gradients.
     """
     _check_step(q, k, v, w, beta, g, state, scale)
     keep = None
-    if mask is not None:
+    if mask is not None and checks_on_host(q.device):
         keep = check_attention_mask(mask, q.shape[0], q.shape[1], q.device)
+    elif mask is not None:  # values checked by the device: no host read per token
+        keep = mask_on_device(mask, q.shape[0], q.shape[1], q.device)
     if keep is not None:  # masked tokens: k = v = 0, w = 0, beta = 0, g = 0, no key
         k, v, w, beta, g = (_zero_masked(x, keep) for x in (k, v, w, beta, g))
     key = (backend, q.dtype) if isinstance(backend, str) else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ...utils.value_checks import checks_on_host, mask_on_device
 from ..common.heads import compute_dtype, default_scale
 from ..common.padding import MaskedRows, check_attention_mask
 from ..common.validation import check_block_size
@@ -80,7 +81,11 @@ def sb_attn_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SBACa
                              f"{tuple(x.shape)}")
     if q.shape[1] == 0:
         return q.new_zeros(q.shape[:3] + v.shape[3:])
-    keep = check_attention_mask(mask, q.shape[0], q.shape[1], q.device)
+    keep = None
+    if mask is not None and checks_on_host(q.device):
+        keep = check_attention_mask(mask, q.shape[0], q.shape[1], q.device)
+    elif mask is not None:  # values checked by the device: no host read per token
+        keep = mask_on_device(mask, q.shape[0], q.shape[1], q.device)
     cache.append(k, v, keep)
     o = sb_attn_last_rows(q, cache.k, cache.v, scale=scale, attend_current=attend_current,
                           key_mask=cache.key_mask, block_size=block_size)
