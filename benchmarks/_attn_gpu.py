@@ -23,7 +23,7 @@ from pathattn import path_attn
 from pathattn.ops.path.fla import kernel as fla_kernel
 
 __all__ = ["fla_kernel", "path_inputs", "fla_inputs", "Candidate", "candidates", "time_ms",
-           "peak_mib", "rel_err", "sync"]
+           "peak_mib", "rel_err", "sync", "timed_columns"]
 
 
 def sync(device: torch.device) -> None:
@@ -150,3 +150,33 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     den = ref.norm().item()
     num = (x - ref).norm().item()
     return num / den if den > 0 else num
+
+
+def timed_columns(fns: dict, ours: str, device: torch.device, repeats: int,
+                  warmup: int) -> dict:
+    """Speed columns of one shape: fns maps a name to (f, leaves, dout) (f() returns the
+    output; leaves require grad). Per name `{name}_fwd_ms` (no_grad) and
+    `{name}_fwdbwd_ms`, "n/a" for the names "sdpa" / "fla" that fns lacks, an error
+    recorded as `{name}_error`; `{ours}_peak_mib`; ratios `{ours}/{base}_{fwd|fwdbwd}` to
+    sdpa and fla. Runs fla last (its first calls autotune)."""
+    row: dict = {}
+    for name in [n for n in fns if n != "fla"] + ["sdpa", "fla"]:
+        if name not in fns:
+            row.setdefault(f"{name}_fwd_ms", "n/a")
+            continue
+        if f"{name}_fwd_ms" in row:
+            continue
+        cand = _candidate(*fns[name])
+        try:
+            row[f"{name}_fwd_ms"] = time_ms(cand.fwd, repeats, device, warmup)
+            row[f"{name}_fwdbwd_ms"] = time_ms(cand.fwd_bwd, repeats, device, warmup)
+            if name == ours:
+                row[f"{ours}_peak_mib"] = peak_mib(cand.fwd_bwd, device)
+        except Exception as e:  # noqa: BLE001 - recorded in the row
+            row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+    for base in ("sdpa", "fla"):
+        for m in ("fwd", "fwdbwd"):
+            a, b = row.get(f"{ours}_{m}_ms"), row.get(f"{base}_{m}_ms")
+            if isinstance(a, float) and isinstance(b, float):
+                row[f"{ours}/{base}_{m}"] = a / b
+    return row

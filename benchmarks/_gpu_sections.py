@@ -25,6 +25,9 @@ from pathlib import Path
 import torch
 from _attn_gpu import candidates, fla_kernel, path_inputs, peak_mib, rel_err, sync, time_ms
 from _env import system_info
+from _gpu_fox import fox_kernels
+from _gpu_lm import generate, lm_commands
+from _gpu_sba import sba_kernels
 from torch.nn.attention import SDPBackend
 
 from pathattn import path_attn
@@ -528,7 +531,9 @@ def lm_step(ctx: Context, sec: dict) -> None:
 # -------------------------------------------------------------------------------- run
 
 SECTIONS = {"environment": environment, "first_call": first_call, "correctness": correctness,
-            "speed": speed, "profile": profile, "lm_step": lm_step}
+            "speed": speed, "profile": profile, "lm_step": lm_step,
+            "fox_kernels": fox_kernels, "sba_kernels": sba_kernels, "generate": generate,
+            "lm_commands": lm_commands}
 
 
 def _mode(args) -> str:

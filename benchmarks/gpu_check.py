@@ -15,6 +15,13 @@ left are recorded as skipped:
                 extra memory of forward + backward
   profile       the top CUDA kernels of one forward + backward of ours and of fla's
   lm_step       step seconds of a 760M PaTHLM per attention type, ratio to rope
+  fox_kernels   FoX's gated FlashAttention kernels: errors against float64, ms against
+                flash SDPA and fla (`_gpu_fox.py`)
+  sba_kernels   stick-breaking kernels: the same (`_gpu_sba.py`)
+  generate      ms per token of generate() after a 2048-token prompt against transformers'
+                Llama of the same size (`_gpu_lm.py`)
+  lm_commands   pretrain / convert / eval ppl / eval longctx on the GPU for a few steps,
+                loss curves against the same runs on CPU in float32 (`_gpu_lm.py`)
 
 Results go to --out: gpu_check.json and gpu_check.md, both rewritten after every row, so a
 run cut short keeps what it measured. --quick runs fewer shapes; --cpu-smoke runs every

@@ -4,7 +4,8 @@
     z_ij = scale * q_i . k_j,   A_ij = sigmoid(z_ij) prod_{j < k < i} (1 - sigmoid(z_ik)),
     o_i  = sum_j A_ij v_j
 
-(`pathattn.ops.sb_attn`). No position encoding: the stick-breaking product already
+(`pathattn.ops.sb_attn`, whose default backend runs the Triton kernels on CUDA tensors and
+the blockwise op elsewhere). No position encoding: the stick-breaking product already
 favours the nearest keys. Prefill and decode run through `sb_attn_prefill` /
 `sb_attn_step` with a plain KV cache (`SBACache`), which can be truncated to any length. A
 masked token (attention mask 0, anywhere) is no key and breaks no stick.

@@ -1,6 +1,8 @@
 """`benchmarks/gpu_check.py --cpu-smoke` runs every section's plumbing at tiny sizes on the
 CPU (Triton's interpreter, SDPA's math backend, the "tiny" model preset): one run in a
-subprocess, then its JSON and markdown are checked section by section.
+subprocess, then its JSON and markdown are checked section by section. The lm_commands
+section is left out (a few minutes of subprocesses on 2 cores; every command it runs has its
+own tests) and must show as not asked.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # one run of ~40 s on 2 cores, shared by the tests below
-SECTIONS = ("environment", "first_call", "correctness", "speed", "profile", "lm_step")
+SECTIONS = ("environment", "first_call", "correctness", "speed", "profile", "lm_step",
+            "fox_kernels", "sba_kernels", "generate")
+NOT_ASKED = ("lm_commands",)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,7 @@ def smoke(tmp_path_factory) -> tuple[dict, str]:
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                          if p)}
     run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--cpu-smoke", "--out",
-                          str(out), "--label", "smoke"], cwd=ROOT, env=env,
+                          str(out), "--label", "smoke", "--sections", *SECTIONS], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
@@ -45,7 +49,9 @@ def _rows(smoke, name: str) -> list[dict]:
 def test_every_section_ran(smoke):
     data, md = smoke
     assert data["meta"]["finished"] and data["meta"]["label"] == "smoke"
-    assert list(data["sections"]) == list(SECTIONS)
+    assert list(data["sections"]) == list(SECTIONS + NOT_ASKED)
+    for name in NOT_ASKED:
+        assert data["sections"][name]["status"] == "skipped (not asked)"
     for name in SECTIONS:
         sec = data["sections"][name]
         assert sec["status"] == "ok", (name, sec.get("error"), sec.get("traceback"))
@@ -108,3 +114,30 @@ def test_lm_step_every_type(smoke):
     assert [r["attn"] for r in rows] == ["rope", "path", "path_fox", "fox", "sba"]
     for r in rows:
         assert r["status"] == "ok" and _positive(r["step_s"]) and _positive(r["vs_rope"])
+
+
+@pytest.mark.parametrize("section, impl", [("fox_kernels", "fox"), ("sba_kernels", "sba")])
+def test_gated_and_stick_breaking_kernels(smoke, section, impl):
+    rows = _rows(smoke, section)
+    errors = [r for r in rows if "case" in r]
+    speed = [r for r in rows if "case" not in r]
+    assert errors and speed
+    for r in errors:
+        assert r["status"] == "ok", r
+        errs = [v for k, v in r.items() if k.startswith("triton_")]
+        assert errs and all(isinstance(e, float) and 0 <= e < 0.05 for e in errs), r
+    for r in speed:
+        for key in ("sdpa_fwd_ms", "sdpa_fwdbwd_ms", f"{impl}_fwd_ms", f"{impl}_fwdbwd_ms",
+                    f"{impl}/sdpa_fwdbwd"):
+            assert _positive(r[key]), (key, r)
+
+
+def test_generate_rows(smoke):
+    rows = {r["model"]: r for r in _rows(smoke, "generate")}
+    assert list(rows) == ["llama", "path", "path_fox", "fox", "rope"]
+    for name, r in rows.items():
+        assert r["status"] == "ok" or r["status"].startswith("unreliable"), r
+        if r["status"] == "ok":
+            assert _positive(r["per_token_ms"]) and _positive(r["prompt_ms"])
+        if name != "llama" and "host_reads_per_step" in r:
+            assert r["host_reads_per_step"] == 0, r

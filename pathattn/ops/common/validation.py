@@ -63,6 +63,17 @@ def check_scale(scale) -> None:
 MAX_BLOCK_SIZE = 1024
 
 
+def check_tile_length(block_size) -> None:
+    """block_size of a Triton backend: None or a power of two in [16, 128] (the kernels'
+    tile length)."""
+    if block_size is None:
+        return
+    if (isinstance(block_size, bool) or not isinstance(block_size, int)
+            or not 16 <= block_size <= 128 or block_size & (block_size - 1)):
+        raise ValueError("block_size must be None or a power of two in [16, 128] for "
+                         f"backend='triton', got {block_size!r}")
+
+
 def check_block_size(block_size) -> int:
     """block_size: None or an int in [1, MAX_BLOCK_SIZE] (not bool)."""
     if block_size is None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...common.triton_tiles import padded_dim
+
 __all__ = ["KERNELS", "LaunchConfig", "launch_config", "padded_dim", "MAX_HEAD_DIM"]
 
 KERNELS = ("fwd", "dkdv", "dq")
@@ -51,11 +53,6 @@ _TABLE = {
     (128, False): ((32, 4, 1), (16, 4, 1), (16, 4, 1)),
     (256, False): ((16, 4, 1), (16, 4, 1), (16, 4, 1)),
 }
-
-
-def padded_dim(D: int) -> int:
-    """The kernels' tile width for head dim D: the next power of two, at least 16."""
-    return max(16, 1 << (max(D, 1) - 1).bit_length())
 
 
 def launch_config(D: int, Dv: int, dtype: torch.dtype, block_size: int | None = None

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from ...common.token_blocks import token_tile_table
+from ...common.validation import check_tile_length as check_block_size
 from ._common import TL_DTYPE, interpreting
 from .bwd import key_grads, query_grads
 from .config import launch_config, padded_dim
@@ -27,16 +28,6 @@ from .fwd import fox_forward
 from .gates import sequence_cumsum
 
 __all__ = ["fox_attn_triton", "check_block_size"]
-
-
-def check_block_size(block_size) -> None:
-    """None or a power of two in [16, 128] (the kernels' tile length)."""
-    if block_size is None:
-        return
-    if (isinstance(block_size, bool) or not isinstance(block_size, int)
-            or not 16 <= block_size <= 128 or block_size & (block_size - 1)):
-        raise ValueError("block_size must be None or a power of two in [16, 128] for "
-                         f"backend='triton', got {block_size!r}")
 
 
 def _tokens(x: torch.Tensor) -> torch.Tensor:
