@@ -4,8 +4,9 @@ Importing this package does not import Triton: `path_attn_triton` loads the kern
 first use, so pathattn works without Triton installed. On CPU tensors the kernels run only
 under Triton's interpreter (TRITON_INTERPRET=1, set before Triton is imported).
 
-Files: `ut.py` (per-block UT transform and its backward), `fwd.py` (forward scan with online
-softmax), `bwd.py` (backward scan), `op.py` (torch.library custom ops with fake and
+Files: `ut.py` (per-block UT transform and its backward), `segments.py` (keys moved to their
+segment's end and whole-segment transitions, and their backward), `fwd.py` (forward scan
+with online softmax), `bwd.py` (backward scan), `op.py` (torch.library custom ops with fake and
 autograd registrations; the public `path_attn_triton`), `config.py` (block length,
 num_warps and num_stages per head dim, dtype, reflections per token and GPU: every
 configuration fits the device's shared memory), `fit.py` (ahead-of-time compilation for

@@ -8,24 +8,28 @@ i.e. left to right over c, with the adjoint g^(c) = dL/dx^(c):
 
 (dS = P * (dO V^T - delta) as in FlashAttention-2, P rebuilt from the saved log-sum-exp).
 The states are produced right to left, so the walk needs x^(c) for increasing c without
-storing every state of every query block. Blocks are grouped into segments of SEG blocks and
-`_seg_kernel` stores, per block c, the product of the later transitions of its segment,
+storing every state of every query block. It uses the forward's segments of SEG blocks
+(`segments.py`: the keys moved to their segment's end Ks_c and the whole-segment
+transitions M_s). For each earlier segment s, left to right, the program rebuilds the state
+y^(s) from the state at the end of the segment before its own (one product with M per
+segment crossed) and meets the segment's blocks as plain attention, as the forward did
+(so P matches the saved log-sum-exp), with the adjoint of y^(s):
 
-    E_c = Pt_e Pt_{e-1} ... Pt_{c+1}     (e the segment's last block; D x D per block),
+    g <- g M_s^T, dM_s += y^(s)^T g    (entering s: y^(s-1) = y^(s) M_s)
+    g <- g + dS Ks_c,  dKs_c += dS^T y^(s),  dV_c += P^T dO    (each block c of s)
 
-so that x^(c) = y^(s) E_c, y^(s) the state at the last block of c's segment s. The program
-of query block a recomputes y^(s) for each earlier segment from the state at the end of the
-segment before its own (one GEMM per segment boundary) and, inside its own segment,
-recomputes x^(c) from Q~_a. With SEG ~ sqrt(number of blocks) the extra work is about one
-more pass, and the extra memory is the E_c, O(T D^2 / BT), and two float32 states per
-query row (the state at the start of its own segment and at the segment walked), which
-wait in memory rather than in registers during the walk.
+Five products per block pair and no transition. Inside its own segment it recomputes x^(c)
+from Q~_a and runs the block recursion above (with the transition terms dU = -W x^T g and
+dW = -U g^T x of Pt = I - W^T U, one row per reflection). dKs and dM reach K~, W and U
+afterwards, per segment (`segments.segment_grads`). With SEG ~ sqrt(number of blocks) the
+rebuilt states cost about one more pass; the extra memory is O(T D) (Ks, dKs, two float32
+states per query row, which wait in memory rather than in registers during the walk) and
+O(T D^2 / BT) for the E_c.
 
-Gradients of key-side quantities (dV, dK~, the transition terms dU = -W x^T g and
-dW = -U g^T x of Pt = I - W^T U, one row per reflection, the gate terms) are accumulated
-with relaxed atomic adds into float32 buffers (products with 16-bit operands as in
-`fwd.py`); dQ~ and the in-block dS go to per-query-head buffers
-that `ut.ut_bwd` turns into dq, dk, dw, dbeta.
+Gradients of key-side quantities (dV, dK~, dKs, dM, the transition terms, the gate terms)
+are accumulated with relaxed atomic adds into float32 buffers (products with 16-bit
+operands as in `fwd.py`); dQ~ and the in-block dS go to per-query-head buffers that
+`ut.ut_bwd` turns into dq, dk, dw, dbeta.
 
 Gates: logit(i, j) holds G_i - G_j, so dL/dG_t = rowsum_t(dS) - colsum_t(dS). The row sum
 is zero in exact arithmetic (sum_j P_ij dP_ij = delta_i), but delta comes from the output
@@ -42,9 +46,7 @@ import triton.language as tl
 
 from ._common import (
     block_ptrs,
-    block_reflections,
     device_fn,
-    e_offsets,
     full_block_reflections,
     load_raw,
     mm_lp,
@@ -53,65 +55,23 @@ from ._common import (
     tile_ptrs,
 )
 from .fwd import apply_transition, key_block_logits, query_block_start
+from .segments import cross_back, segment_grads, segment_keys, times_e
 
-__all__ = ["segment_products", "bwd_scan"]
-
-
-@triton.jit
-def _seg_kernel(wt_ptr, u_ptr, e_ptr, table_ptr, H, D, SEG, BT: tl.constexpr,
-                BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr,
-                BTR: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
-    blk = tl.program_id(0)
-    h = tl.program_id(1)
-    r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
-    t0 = tl.load(table_ptr + blk * 3)
-    s0 = tl.load(table_ptr + blk * 3 + 1)
-    s1 = tl.load(table_ptr + blk * 3 + 2)
-    if t0 >= s1:  # an empty row of the table
-        return
-    c = (t0 - s0) // BT
-    last = (s1 - s0 + BT - 1) // BT - 1
-    e = tl.minimum((c // SEG + 1) * SEG - 1, last)
-    cols = tl.arange(0, BD)
-    cmask = cols < D
-    rr = r0 + tl.arange(0, BR)
-    # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U
-    E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
-    for i in range(0, e - c):  # blocks e, e-1, ..., c+1 (e may be partial)
-        kr, kmask = block_reflections(s0 + (e - i) * BT, s1, BT, R, BTR)  # [BTR]
-        Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
-        Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
-        E = E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
-    tl.store(e_ptr + e_offsets(blk, h, H, rr, cols, BD), E)
-
-
-def segment_products(w, u, table, seg: int, BT: int, BD: int, prec: str, tdt, emulate: bool,
-                     R: int = 1, launch: dict | None = None) -> torch.Tensor:
-    """E [NB, H, BD, BD] (see the module docstring) in u's dtype, the transitions' operand
-    dtype (tdt its triton dtype), from w, u [N * R, H, D] (R reflections per token); one
-    program per block, head and group of min(BD, BT) rows of E."""
-    H, D = w.shape[1], w.shape[2]
-    BR = min(BD, BT)
-    e = torch.empty(table.shape[0], H, BD, BD, dtype=u.dtype, device=w.device)
-    _seg_kernel[(table.shape[0], H, BD // BR)](w, u, e, table, H, D, seg, BT=BT, BD=BD, BR=BR,
-                                               PREC=prec, R=R, BTR=reflection_tile(BT, R),
-                                               TDT=tdt, EMULATE=emulate, **(launch or {}))
-    return e
+__all__ = ["bwd_scan"]
 
 
 @device_fn
-def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt_ptr, v_ptr,
-                     wt_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H,
-                     D, DV, cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
+def _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr, v_ptr,
+                     wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
+                     cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
                      DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                      EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
-    """One step of the left-to-right walk: query state x = x^(c) against key block c;
-    returns the adjoint g^(c) from g = g^(c-1), and drow [BT] plus the row sums of this
-    tile's dS (with gates; the keys' column sums go to dgate_ptr)."""
+    """One step of the left-to-right walk: query state x = x^(c) against key block c, whose
+    logits S the forward computed the same way; returns the adjoint g^(c) from
+    g = g^(c-1), and drow [BT] plus the row sums of this tile's dS (with gates; the keys'
+    column sums go to dgate_ptr)."""
     tc = s0 + c * BT
     kr = tc + tl.arange(0, BT)
-    S, Kt = key_block_logits(x, kt_ptr, g_ptr, kr, t0, tc, hq, h, gq, HQ, H, D, cols, cmask,
-                             HAS_G, DT, PREC, EMULATE)
     P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
     Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
     # every atomic is relaxed: the sums need no ordering, only atomicity
@@ -143,13 +103,44 @@ def _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask, kt
         tl.atomic_add(block_ptrs(dwp_ptr, tc * R, lw, H * D, h * D, cols),
                       -mm_lp(ug, x, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
         g = g - mm_lp(tl.trans(ug), Wc, TDT, PREC, EMULATE)
+    Kt = load_raw(kt_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     return g + mm_lp(dS, Kt, DT, PREC, EMULATE), drow
 
 
+@device_fn
+def _segment_block_grads(y, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, ks_ptr, v_ptr,
+                         dv_ptr, dks_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask,
+                         HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
+                         PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """Key block c of an earlier segment, met as plain attention: y = y^(s) the query state
+    at c's segment, S = y Ks_c^T (+ gates) as the forward formed it. dV and the moved keys'
+    gradient dKs_c += dS^T y go to the key-side buffers; returns the adjoint of y^(s) with
+    this block's term, g + dS Ks_c, and drow plus this tile's row sums of dS (gates)."""
+    tc = s0 + c * BT
+    kr = tc + tl.arange(0, BT)
+    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
+    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    lk = tl.arange(0, BT)
+    tl.atomic_add(block_ptrs(dv_ptr, tc, lk, H * DV, h * DV, vcols),
+                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :],
+                  sem="relaxed")
+    dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
+    tl.atomic_add(block_ptrs(dks_ptr, tc, lk, H * D, h * D, cols),
+                  mm_lp(tl.trans(dS), y, DT, PREC, EMULATE), mask=cmask[None, :],
+                  sem="relaxed")
+    if HAS_G:
+        tl.atomic_add(dgate_ptr + row_offsets(kr, HQ, hq), -tl.sum(dS, axis=0),
+                      sem="relaxed")
+        drow += tl.sum(dS, axis=1)
+    Ks = load_raw(ks_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
+    return g + mm_lp(dS, Ks, DT, PREC, EMULATE), drow
+
+
 @triton.jit
-def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr, do_ptr,
-                lse_ptr, delta_ptr, dqt_ptr, ys_ptr, yc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr,
-                dwp_ptr, dgate_ptr, table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
+def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr, ms_ptr,
+                dks_ptr, dms_ptr, slot_ptr, do_ptr, lse_ptr, delta_ptr, dqt_ptr, ys_ptr,
+                yc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, table_ptr, scale,
+                SEG, HQ, H, D, DV, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
@@ -186,7 +177,6 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr,
     dcol = tl.sum(dS, axis=0)  # this block's tokens' in-block column sums
     a = (t0 - s0) // BT  # local index of the query block
     sa = a // SEG  # its segment
-    blk0 = blk - a  # table row of the sequence's first block
     g = tl.zeros([BT, BD], dtype=tl.float32)
     # state at the last block of segment sa - 1: x^(sa*SEG - 1)
     ytop = xa
@@ -202,33 +192,38 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr,
     tl.store(xa_ptrs, xa, mask=smask)
     tl.store(ytop_ptrs, ytop, mask=smask)
     tl.debug_barrier()
+    slot = tl.load(slot_ptr + blk) - sa  # slot of the sequence's segment 0
     for sc in range(0, sa):  # earlier segments, left to right
         y = tl.load(ytop_ptrs, mask=smask, other=0.0)
-        for i in range(0, sa - 1 - sc):  # down to the last block of segment sc
-            f = (sa - 1 - i) * SEG  # first block of segment sa - 1 - i
-            y = _times_e(y, e_ptr, blk0 + f, h, H, cols, BD, BK, PREC, TDT, EMULATE)
-            y = apply_transition(y, wt_ptr, u_ptr, s0 + f * BT, h, H, D, cols, cmask, PREC,
-                                 BT, R, BTR, TDT, EMULATE)
+        for i in range(0, sa - 1 - sc):  # across segments sa - 1, ..., sc + 1
+            y = times_e(y, ms_ptr, slot + sa - 1 - i, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+        if sc > 0:  # entering segment sc across M_sc: dM_sc += y^T g, g <- g M_sc^T
+            g = cross_back(y, g, ms_ptr, dms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT,
+                           EMULATE)
         tl.store(yc_ptrs, y, mask=smask)
         tl.debug_barrier()
-        for j in range(0, SEG):
+        for j in range(0, SEG):  # plain attention, as the forward met these blocks
             c = sc * SEG + j
-            x = _times_e(tl.load(yc_ptrs, mask=smask, other=0.0), e_ptr, blk0 + c, h, H,
-                         cols, BD, BK, PREC, TDT, EMULATE)
-            g, drow = _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta,
-                                       rmask, kt_ptr, v_ptr, wt_ptr, u_ptr, g_ptr, dv_ptr,
-                                       dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
-                                       cols, cmask, vcols, vmask, HAS_G, BT, DT, TDT, PREC,
-                                       EMULATE, R, BTR)
+            tc = s0 + c * BT
+            y = tl.load(yc_ptrs, mask=smask, other=0.0)
+            S, _ = key_block_logits(y, ks_ptr, g_ptr, tc + cbt, t0, tc, hq, h, gq, HQ, H, D,
+                                    cols, cmask, HAS_G, DT, PREC, EMULATE)
+            g, drow = _segment_block_grads(y, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask,
+                                           ks_ptr, v_ptr, dv_ptr, dks_ptr, dgate_ptr, HQ, H,
+                                           D, DV, cols, cmask, vcols, vmask, HAS_G, BT, DT,
+                                           PREC, EMULATE)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
         x = tl.load(xa_ptrs, mask=smask, other=0.0)
         for i in range(0, a - 1 - c):
             x = apply_transition(x, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
                                  cmask, PREC, BT, R, BTR, TDT, EMULATE)
-        g, drow = _key_block_grads(x, g, drow, c, s0, t0, hq, h, gq, dO, lse, delta, rmask,
-                                   kt_ptr, v_ptr, wt_ptr, u_ptr, g_ptr, dv_ptr, dkt_ptr,
-                                   du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask,
-                                   vcols, vmask, HAS_G, BT, DT, TDT, PREC, EMULATE, R, BTR)
+        tc = s0 + c * BT
+        S, _ = key_block_logits(x, kt_ptr, g_ptr, tc + cbt, t0, tc, hq, h, gq, HQ, H, D, cols,
+                                cmask, HAS_G, DT, PREC, EMULATE)
+        g, drow = _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
+                                   v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
+                                   dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
+                                   BT, DT, TDT, PREC, EMULATE, R, BTR)
     if HAS_G:  # dL/dG: this block's rows as queries, minus its tokens' in-block columns
         tl.atomic_add(dgate_ptr + row_offsets(rows, HQ, hq), drow - dcol, mask=rmask,
                       sem="relaxed")
@@ -236,43 +231,28 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, e_ptr,
     tl.store(xa_ptrs, g, mask=smask)
 
 
-@device_fn
-def _times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
-             PREC: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
-    """y E for E of table row blk, head h ([BD, BD]), over BK rows of E at a time:
-    y E = sum_k y[:, k] E[k, :], the column slice y[:, k] taken by a product with a 0/1
-    selection matrix (exact: one nonzero term per output). A [BD, BD] float32 operand would
-    need BD * BD * 4 bytes of shared memory (256 KiB at BD = 256)."""
-    if BK == BD:
-        return mm_lp(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), TDT, PREC,
-                     EMULATE)
-    ck = tl.arange(0, BK)
-    x = tl.zeros(y.shape, dtype=tl.float32)
-    for k0 in range(0, BD, BK):
-        sel = tl.where(cols[:, None] == k0 + ck[None, :], 1.0, 0.0)  # [BD, BK]
-        Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
-        x += mm_lp(mm_lp(y, sel, TDT, PREC, EMULATE), Ek, TDT, PREC, EMULATE)
-    return x
-
-
-def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: int, BT: int,
-             BD: int, BDV: int, dt, tdt, prec: str, emulate: bool, BK: int,
-             launch: dict | None = None, seg_launch: dict | None = None):
+def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int,
+             scale: float, seg: int, BT: int, BD: int, BDV: int, dt, tdt, prec: str,
+             emulate: bool, BK: int, launch: dict | None = None,
+             seg_launch: dict | None = None):
     """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv] (q's dtype), lse and
-    delta = rowsum(dO * O) [N, HQ] (float32).
+    delta = rowsum(dO * O) [N, HQ] (float32), and the segment slots of
+    `segments.segment_slots` (the segment keys and transitions are recomputed, as the
+    forward computed them).
 
     Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
     per query head), dv, dkt, du, dwp (float32, [N, H, Dv], [N, H, D], and [N * R, H, D]
     for du, dwp) and dG = dL/dG [N, HQ], the gradient of the cumulative gates G: row sums
     of dS minus column sums (None without gates). BK: rows of a segment product E read at a
     time (a divisor of BD); launch / seg_launch: num_warps / num_stages of the scan and of
-    `segment_products`.
+    `segments.segment_keys` and `segments.segment_grads`.
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
     R = w.shape[0] // max(N, 1)
     f32 = {"dtype": torch.float32, "device": q.device}
-    e = segment_products(w, u, table, seg, BT, BD, prec, tdt, emulate, R, seg_launch)
+    ks, ms, e = segment_keys(w, u, kt, table, slots, n_slots, seg, BT, BD, prec, dt, tdt,
+                             emulate, R, store_e=True, launch=seg_launch)
     dqt = torch.empty(N, HQ, D, **f32)
     # per query block: its state at its own segment's start and at the segment walked
     ys, yc = torch.empty(2, N, HQ, D, **f32).unbind(0)
@@ -281,9 +261,14 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, scale: float, seg: 
     dkt = torch.zeros(N, H, D, **f32)
     du, dwp = (torch.zeros(N * R, H, D, **f32) for _ in range(2))
     dG = torch.zeros(N, HQ, **f32) if G is not None else None
+    dks = torch.zeros(N, H, D, **f32)  # gradients of the segment keys and transitions
+    dms = torch.zeros(ms.shape, **f32)
     _bwd_kernel[(table.shape[0], HQ)](
-        q, k, v, w, u, kt, m, G if G is not None else lse, e, do, lse, delta, dqt, ys, yc, dsd, dv,
-        dkt, du, dwp, dG if dG is not None else lse, table, scale, seg, HQ, H, D, Dv,
-        G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt, TDT=tdt,
-        PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
+        q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, dks, dms, slots, do, lse,
+        delta, dqt, ys, yc, dsd, dv, dkt, du, dwp, dG if dG is not None else lse, table, scale,
+        seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt,
+        TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
+        **(launch or {}))
+    segment_grads(w, u, kt, e, dks, dms, table, slots, seg, BT, BD, prec, dt, tdt, emulate,
+                  dkt, du, dwp, R, seg_launch)
     return dqt, dsd, dv, dkt, du, dwp, dG

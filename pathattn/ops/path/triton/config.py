@@ -1,6 +1,6 @@
 """Launch configuration of the Triton kernels: block length, num_warps and num_stages.
 
-`launch_config` picks the largest block length whose five kernels fit the device's shared
+`launch_config` picks the largest block length whose six kernels fit the device's shared
 memory, from `SHARED_BYTES` (per architecture, measured by compiling every kernel ahead of
 time; `fit.measure_shared_table` remeasures it), and caps the UT tile at
 `MAX_REFLECTION_TILE` rows with several reflections per token. Without a CUDA device the
@@ -18,7 +18,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE"]
 
-KERNELS = ("ut_fwd", "fwd", "seg", "bwd", "ut_bwd")
+KERNELS = ("ut_fwd", "seg", "fwd", "bwd", "seg_bwd", "ut_bwd")
 H100_SHARED = 232448  # bytes per block (opt-in maximum), sm_90
 A100_SHARED = 166912  # sm_80
 _E_ROWS = 32  # rows of a segment product E the backward scan reads at a time
@@ -36,11 +36,11 @@ SHARED_BYTES = {
         },
         32: {
             64: (81920, 33280, 90112, 24576),
-            32: (24576, 16640, 32768, 8192),
+            32: (24576, 16640, 32768, 12288),
             16: (11264, 12416, 13312, 5120),
         },
         64: {
-            64: (98304, 66048, 131072, 32768),
+            64: (98304, 66048, 131072, 49152),
             32: (45056, 49408, 49152, 20480),
             16: (24576, 24704, 21504, 10240),
         },
@@ -63,7 +63,7 @@ SHARED_BYTES = {
         },
         32: {
             64: (180224, 49664, 172032, 69632),
-            32: (24576, 16640, 32768, 8192),
+            32: (24576, 16640, 32768, 12288),
             16: (11264, 12416, 13312, 5120),
         },
         64: {
@@ -95,7 +95,7 @@ SHARED_BYTES_REFLECTIONS = {
                 16: (16384, 6272, 10240, 3072),
             },
             32: {
-                32: (65536, 24832, 40960, 12288),
+                32: (65536, 24832, 40960, 16384),
                 16: (16384, 16512, 16384, 7168),
             },
             64: {
@@ -117,7 +117,7 @@ SHARED_BYTES_REFLECTIONS = {
                 16: (16384, 6272, 10240, 3072),
             },
             32: {
-                32: (81920, 24832, 110592, 12288),
+                32: (81920, 24832, 110592, 16384),
                 16: (16384, 16512, 16384, 7168),
             },
             64: {
@@ -146,10 +146,10 @@ SHARED_BYTES_REFLECTIONS = {
                 16: (49152, 49280, 36864, 22528),
             },
             128: {
-                16: (81920, 98432, 65536, 45056),
+                16: (69632, 98432, 65536, 45056),
             },
             256: {
-                16: (163840, 196736, 124928, 90112),
+                16: (135168, 196736, 124928, 90112),
             },
         },
         90: {
@@ -199,6 +199,11 @@ class LaunchConfig:
     def e_rows(self, BD: int) -> int:
         """Rows of E read at a time for padded head dim BD (all of them when BD <= BK)."""
         return min(BD, self.BK)
+
+    def m_rows(self, BD: int) -> int:
+        """Rows of a segment transition M the forward reads at a time: all of them up to
+        BD = 64 (one product per segment crossed, no selection loop), else `e_rows`."""
+        return BD if BD <= 64 else self.e_rows(BD)
 
 
 def device_limits(device: torch.device) -> tuple[int | None, tuple[int, int]]:

@@ -44,7 +44,7 @@ from triton.backends.nvidia.compiler import (
 )
 from triton.compiler import ASTSource
 
-from . import bwd, fwd, ut
+from . import bwd, fwd, segments, ut
 from ._common import interpreting, reflection_tile, tile_kwargs, transition_dtype
 from .config import A100_SHARED, H100_SHARED, KERNELS, LaunchConfig, block_lengths, launch_config
 
@@ -54,15 +54,16 @@ __all__ = ["DEVICES", "Compiled", "KernelFit", "check", "compile_jit", "compile_
 # name -> (compute capability, shared memory per block in bytes, opt-in maximum)
 DEVICES = {"sm_80": (80, A100_SHARED), "sm_90": (90, H100_SHARED)}
 
-_KERNEL_FN = {"ut_fwd": ut._ut_fwd_kernel, "fwd": fwd._fwd_kernel, "seg": bwd._seg_kernel,
+_KERNEL_FN = {"ut_fwd": ut._ut_fwd_kernel, "fwd": fwd._fwd_kernel,
+              "seg": segments._seg_kernel, "seg_bwd": segments._seg_bwd_kernel,
               "bwd": bwd._bwd_kernel, "ut_bwd": ut._ut_bwd_kernel}
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # pointers holding the caller's dtype, and those in the transitions' operand dtype
 # (`_common.transition_dtype`); every other pointer is a float32 work buffer
 _INPUT_PTRS = {"q_ptr", "k_ptr", "v_ptr", "w_ptr", "beta_ptr", "do_ptr", "o_ptr", "dq_ptr",
-               "dk_ptr", "dw_ptr", "dbeta_ptr", "kt_ptr", "vc_ptr"}
-_TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr"}
+               "dk_ptr", "dw_ptr", "dbeta_ptr", "kt_ptr", "vc_ptr", "ks_ptr"}
+_TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr", "ms_ptr"}
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def _signature(fn, dtype: torch.dtype, gates: bool) -> tuple[dict, dict]:
             sig[name] = "constexpr"
         elif name == "g_ptr":
             sig[name] = "*fp64" if gates else "*fp32"
-        elif name == "table_ptr":
+        elif name in ("table_ptr", "slot_ptr"):
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = "*" + (_TT[dtype] if name in _INPUT_PTRS else
@@ -138,10 +139,11 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
     if kernel in ("fwd", "bwd"):
         c.update(G=G, HAS_G=gates, BDV=tiles["BDV"], DT=_TL[dtype],
                  TDT=_TL[transition_dtype(dtype)], EMULATE=False)
-    if kernel == "bwd":
-        c.update(BK=cfg.e_rows(tiles["BD"]))
-    elif kernel == "seg":
-        c.update(BR=min(tiles["BD"], cfg.BT), TDT=_TL[transition_dtype(dtype)], EMULATE=False)
+    if kernel in ("fwd", "bwd"):
+        c.update(BK=cfg.m_rows(tiles["BD"]) if kernel == "fwd" else cfg.e_rows(tiles["BD"]))
+    if kernel in ("seg", "seg_bwd"):  # seg as the backward launches it (storing E)
+        c.update(BR=min(tiles["BD"], cfg.BT), DT=_TL[dtype], TDT=_TL[transition_dtype(dtype)],
+                 EMULATE=False, **({"STORE_E": True} if kernel == "seg" else {}))
     elif kernel == "ut_fwd":
         c.update(LOG_BTR=btr.bit_length() - 1, BDV=tiles["BDV"])
     elif kernel == "ut_bwd":

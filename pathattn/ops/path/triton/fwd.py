@@ -2,15 +2,21 @@
 
 One program per (query block a, query head). With the block's UT quantities (`ut.py`) it
 forms the boundary-adjusted queries x = Q~ and the in-block logits S, then walks the key
-blocks b = a-1, ..., 0 of its sequence right to left:
+blocks b = a-1, ..., 0 of its sequence right to left. Inside its own segment of blocks
+(`segments.py`) it moves across every block:
 
     S_ab = x K~_b^T  (+ gate terms),   online softmax,   acc += P V_b,
     x <- x Pt_b = x - (x W_b^T) U_b        (the query moves across block b)
 
+and then, for each earlier segment s (right to left), it meets the segment's blocks as
+plain attention against the keys moved to the segment's end, S_ab = y Ks_b^T, and crosses
+the whole segment with one product, y <- y M_s. With segments of about sqrt(blocks) blocks
+most block pairs cost two products (S and P V) instead of four.
+
 With R reflections per token W_b and U_b hold the block's BT * R reflections (`_common`);
-everything else has one row per token. In the loop every product has 16-bit operands for
+everything else has one row per token. In the loops every product has 16-bit operands for
 16-bit inputs and float32 accumulation: the logits and P V in the inputs' dtype, the
-transition in float16 (`_common.transition_dtype`); the state x stays float32.
+transitions in float16 (`_common.transition_dtype`); the state x stays float32.
 
 Gate terms (PaTH-FoX): G is the per-sequence cumulative sum of g, kept in float64; the
 kernel adds (G_i - G_{a0}) + (G_{a0} - G_{b0}) - (G_j - G_{b0}) with a0, b0 the blocks'
@@ -40,6 +46,7 @@ from ._common import (
     row_offsets,
     tile_ptrs,
 )
+from .segments import times_e
 
 __all__ = ["fwd_scan"]
 
@@ -100,11 +107,26 @@ def apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.conste
     return x - mm_lp(xw, Ub, TDT, PREC, EMULATE)
 
 
+@device_fn
+def _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT: tl.constexpr,
+            PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """Online softmax step: the running max m_i, sum l_i and acc [BT, BDV] after the logits
+    S [BT, BT] against the full key block of tokens kr."""
+    m_new = tl.maximum(m_i, tl.max(S, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    P = tl.exp(S - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(P, axis=1)
+    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
+    return m_new, l_i, acc
+
+
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr, lse_ptr,
-                table_ptr, scale, HQ, H, D, DV, G: tl.constexpr, HAS_G: tl.constexpr,
-                BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr,
-                TDT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr, ms_ptr,
+                slot_ptr, o_ptr, lse_ptr, table_ptr, scale, SEG, HQ, H, D, DV,
+                G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                BDV: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
+                PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
                 BTR: tl.constexpr):
     blk = tl.program_id(0)
     hq = tl.program_id(1)
@@ -129,41 +151,52 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, o_ptr,
     l_i = tl.sum(P, axis=1)
     V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
     acc = mm_lp(P, V, DT, PREC, EMULATE)
-    for ib in range(0, (t0 - s0) // BT):
+    a = (t0 - s0) // BT  # local index of the query block
+    sa = a // SEG  # its segment
+    for ib in range(0, a - sa * SEG):  # own segment: blocks a-1, ..., its first
         tb = t0 - (ib + 1) * BT
         kr = tb + cbt
         S, _ = key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols,
                                 cmask, HAS_G, DT, PREC, EMULATE)
-        m_new = tl.maximum(m_i, tl.max(S, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        P = tl.exp(S - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(P, axis=1)
-        Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
-        acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
-        m_i = m_new
+        m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
+                                PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
                              EMULATE)
+    slot = tl.load(slot_ptr + blk) - sa  # slot of the sequence's segment 0
+    for js in range(0, sa):  # earlier segments, right to left; x = y^(s)
+        sc = sa - 1 - js
+        for j in range(0, SEG):  # plain attention against the keys moved to the end of sc
+            tb = s0 + (sc * SEG + j) * BT
+            kr = tb + cbt
+            S, _ = key_block_logits(x, ks_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols,
+                                    cmask, HAS_G, DT, PREC, EMULATE)
+            m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
+                                    PREC, EMULATE)
+        if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
+            x = times_e(x, ms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT, EMULATE)
     o = acc / l_i[:, None]
     tl.store(tile_ptrs(o_ptr, rows, HQ * DV, hq * DV, vcols), o,
              mask=rmask[:, None] & vmask[None, :])
     tl.store(lse_ptr + row_offsets(rows, HQ, hq), m_i + tl.log(l_i), mask=rmask)
 
 
-def fwd_scan(q, k, v, w, u, kt, m, G, table, scale: float, BT: int, BD: int, BDV: int,
-             dt, tdt, prec: str, emulate: bool, launch: dict | None = None):
+def fwd_scan(q, k, v, w, u, kt, m, G, ks, ms, slots, table, scale: float, seg: int, BT: int,
+             BD: int, BDV: int, BK: int, dt, tdt, prec: str, emulate: bool,
+             launch: dict | None = None):
     """q [N, HQ, D]; k, kt [N, H, D]; v [N, H, Dv]; w, u [N * R, H, D] and m [N * R, H, BT]
-    (R reflections per token); G [N, HQ] float64 cumulative gates or None; dt, tdt the
-    triton dtypes of the inputs and of the transitions' operands. Returns o [N, HQ, Dv]
-    (q's dtype) and lse [N, HQ] float32."""
+    (R reflections per token); G [N, HQ] float64 cumulative gates or None; ks, ms, slots
+    the segment keys, transitions and slots of `segments.segment_keys` for segments of
+    `seg` blocks; BK the rows of a segment transition read at a time; dt, tdt the triton
+    dtypes of the inputs and of the transitions' operands. Returns o [N, HQ, Dv] (q's
+    dtype) and lse [N, HQ] float32."""
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
     R = w.shape[0] // max(N, 1)
     o = torch.empty(N, HQ, Dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
     grid = (table.shape[0], HQ)
-    _fwd_kernel[grid](q, k, v, w, u, kt, m, G if G is not None else lse, o, lse, table, scale,
-                      HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
-                      DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R,
+    _fwd_kernel[grid](q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, slots, o, lse,
+                      table, scale, seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT,
+                      BD=BD, BDV=BDV, BK=BK, DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R,
                       BTR=reflection_tile(BT, R), **(launch or {}))
     return o, lse
-

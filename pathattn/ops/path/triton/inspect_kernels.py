@@ -417,7 +417,7 @@ def inspect_jit(fn, signature: dict, constexprs: dict, capability: int, num_warp
 
 def inspect_kernel(kernel: str, D: int, dtype, gates: bool, device: str, reflections: int = 1,
                    G: int = 1, block_size: int | None = None) -> KernelReport:
-    """`KernelReport` of one pathattn kernel ("ut_fwd", "fwd", "seg", "bwd", "ut_bwd") as
+    """`KernelReport` of one pathattn kernel (`config.KERNELS`) as
     the launcher configures it on `device` ("sm_80" or "sm_90", see `fit.check`)."""
     from .fit import check
 

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from ...common.heads import default_scale
 from ...common.layout import token_bounds
+from ...common.validation import check_tile_length
 from ..gates import sequence_cumsum
 from ..stages import single_reflection
 from ..validation import check_path_attn_inputs
@@ -31,6 +32,7 @@ from ._common import block_table, interpreting, tile_kwargs, transition_dtype
 from .bwd import bwd_scan
 from .config import device_launch_config
 from .fwd import fwd_scan
+from .segments import segment_keys, segment_slots
 from .ut import ut_bwd, ut_fwd
 
 __all__ = ["path_attn_triton", "run_kernels", "largest_block_size"]
@@ -45,13 +47,6 @@ def largest_block_size(D: int, Dv: int | None = None, dtype: torch.dtype = torch
     shared memory (`config.launch_config`)."""
     return device_launch_config(D, D if Dv is None else Dv, dtype, torch.device(device),
                                 reflections=reflections).BT
-
-
-def _check_block_size(block_size) -> None:
-    if (isinstance(block_size, bool) or not isinstance(block_size, int)
-            or block_size < 16 or block_size > 128 or block_size & (block_size - 1)):
-        raise ValueError("block_size must be None or a power of two in [16, 128] for "
-                         f"backend='triton', got {block_size!r}")
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -98,18 +93,21 @@ def _gate_grad(dG, B, T, cu_seqlens):
 
 
 def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens):
-    """Block table, segment length (about sqrt of the blocks per sequence unless given),
-    float32 product precision (3xTF32 for float32 inputs: tensor cores at about float32
-    accuracy), the triton dtypes of the inputs and of the transitions' operands,
+    """Block table, segment length (about sqrt of the blocks per sequence unless given) with
+    the segment slots and their number (`segments.segment_slots`), float32 product
+    precision (3xTF32 for float32 inputs: tensor cores at about float32 accuracy), the
+    triton dtypes of the inputs and of the transitions' operands,
     interpreter flag, and the launch configuration (num_warps / num_stages per kernel) of
     this block size on q's device for the reflections per token of w."""
     table, n_max = block_table(B, T, cu_seqlens, block_size, q.device)
     seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
+    n_seq = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    slots = segment_slots(table, seg, block_size, n_seq)
     prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size,
                                _reflections(w))
     tdt = _TL_DTYPE[transition_dtype(q.dtype)]
-    return table, seg, prec, _TL_DTYPE[q.dtype], tdt, interpreting(), cfg
+    return table, seg, slots, prec, _TL_DTYPE[q.dtype], tdt, interpreting(), cfg
 
 
 def _reflections(w: torch.Tensor) -> int:
@@ -126,17 +124,21 @@ def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
                              torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, T, HQ, D = q.shape
     Dv = v.shape[-1]
-    table, seg, prec, dt, tdt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T,
-                                                     cu_seqlens)
+    table, seg, (slots, n_slots), prec, dt, tdt, emulate, cfg = _setup(
+        q, v, w, block_size, seg, B, T, cu_seqlens)
     tiles = tile_kwargs(D, Dv)
+    BD = tiles["BD"]
     qf, kf, vf = (_flat(x) for x in (q, k, v))
     wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
     u, kt, m, xinv, wt, vc = ut_fwd(kf, vf, wf, bf, table, block_size, tiles["BD"],
                                     tiles["BDV"], prec, transition_dtype(q.dtype),
                                     cfg.launch_kwargs("ut_fwd"))
     G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
-    o, lse = fwd_scan(qf, kf, vc, wt, u, kt, m, G, table, scale, block_size, tiles["BD"],
-                      tiles["BDV"], dt, tdt, prec, emulate, cfg.launch_kwargs("fwd"))
+    ks, ms, _ = segment_keys(wt, u, kt, table, slots, n_slots, seg, block_size, BD, prec, dt,
+                             tdt, emulate, _reflections(w), launch=cfg.launch_kwargs("seg"))
+    o, lse = fwd_scan(qf, kf, vc, wt, u, kt, m, G, ks, ms, slots, table, scale, seg,
+                      block_size, BD, tiles["BDV"], cfg.m_rows(BD), dt, tdt, prec, emulate,
+                      cfg.launch_kwargs("fwd"))
     return o.view(B, T, HQ, Dv), lse.view(B, T, HQ), u, kt, m, xinv, wt, vc
 
 
@@ -169,8 +171,8 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     is an empty tensor when g is None."""
     B, T, HQ, D = q.shape
     H, Dv = k.shape[2], v.shape[-1]
-    table, seg, prec, dt, tdt, emulate, cfg = _setup(q, v, w, block_size, seg, B, T,
-                                                     cu_seqlens)
+    table, seg, (slots, n_slots), prec, dt, tdt, emulate, cfg = _setup(
+        q, v, w, block_size, seg, B, T, cu_seqlens)
     tiles = tile_kwargs(D, Dv)
     BD, BDV = tiles["BD"], tiles["BDV"]
     qf, kf = _flat(q), _flat(k)
@@ -180,7 +182,8 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     lsef = _flat(lse)
     delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
     dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vc, wt, u, kt, m, G, dof, lsef, delta,
-                                              table, scale, seg, block_size, BD, BDV, dt,
+                                              table, slots, n_slots, scale, seg,
+                                              block_size, BD, BDV, dt,
                                               tdt, prec, emulate, cfg.e_rows(BD),
                                               cfg.launch_kwargs("bwd"),
                                               cfg.launch_kwargs("seg"))
@@ -227,8 +230,9 @@ def path_attn_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
     that a block's tile of reflections stays at most 64 rows) or a power of two in
     [16, 128]; on a GPU a block size whose kernels do not fit raises a ValueError naming
     the largest that does.
-    seg: blocks per segment of the backward's state recomputation (0: about sqrt of the
-    number of blocks); a tuning and testing knob, the result does not depend on it.
+    seg: blocks per segment (0: about sqrt of the number of blocks): the forward meets the
+    blocks of earlier segments as plain attention and the backward recomputes states per
+    segment (`segments.py`); a tuning and testing knob, the result does not depend on it.
     Inputs must be float32, bfloat16 or float16 (float64 stays on the PyTorch path).
     """
     check_path_attn_inputs(q, k, v, w, beta, g, scale, cu_seqlens)
@@ -239,7 +243,7 @@ def path_attn_triton(q, k, v, w, beta, g=None, *, scale=None, cu_seqlens=None,
     B, T, HQ, D = q.shape
     if B * T == 0:
         if block_size is not None:
-            _check_block_size(block_size)
+            check_tile_length(block_size)
         return q.new_zeros(B, T, HQ, v.shape[-1]) + 0 * (q.sum() + k.sum() + v.sum())
     return run_kernels(q, k, v, w, beta, g, default_scale(D, scale), cu_seqlens, block_size,
                        seg)
@@ -251,7 +255,7 @@ def run_kernels(q, k, v, w, beta, g, scale: float, cu_seqlens, block_size, seg: 
     `pathattn.ops.path.backends`; `path_attn_triton` checks first): B * T > 0, float32 /
     bfloat16 / float16, scale a float. Returns o [B, T, HQ, Dv]."""
     if block_size is not None:
-        _check_block_size(block_size)
+        check_tile_length(block_size)
     block_size = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device,
                                       block_size, _reflections(w)).BT
     o = path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)[0]

@@ -52,7 +52,9 @@ MIN_BLOCKS_PER_SM = 2
 # forward S = Q~ K~^T, P V and the transition x W^T, (.) U (fla's forward: the same 4);
 # backward S, dO V^T, P^T dO, dS^T x, dS K~, the transition terms W x^T, (.) g, U g^T,
 # (.) x, g U^T, (.) W, and the state x rebuilt from a segment product (12). A tf32 product
-# counts twice (K = 8 per instruction instead of 16, at half the rate).
+# counts twice (K = 8 per instruction instead of 16, at half the rate). These are the loops
+# over the blocks of the query's own segment, the most expensive; the blocks of earlier
+# segments are plain attention (forward 2 products, backward 5; `segments.py`).
 PRODUCTS_PER_BLOCK_PAIR = {"fwd": 4, "bwd": 12}
 # instructions per 64 x 64 x 64 product, 4 warps: sm_90 one m64n64k16 wgmma per 16 of K;
 # sm_80 per warp (16 rows) 8 m16n8k16 mma.sync per 16 of K

@@ -1,0 +1,249 @@
+"""Segments of key blocks: the keys moved to their segment's end, and whole-segment
+transitions, so that the scans meet most key blocks as plain attention.
+
+A sequence's blocks are grouped into segments of SEG consecutive blocks (the last may be
+shorter). In the row form of `fwd.py` (the query state x^(c) of query block a meets key
+block c in S_ac = x^(c) K~_c^T, and x^(c-1) = x^(c) Pt_c), for a key block c of segment s
+before the query's segment, with e the last block of s and f its first,
+
+    E_c = Pt_e Pt_{e-1} ... Pt_{c+1}       (identity for c = e)
+    x^(c) = y^(s) E_c,   y^(s) = x^(e)     (the state entering s from the right)
+    S_ac = y^(s) Ks_c^T,  Ks_c = K~_c E_c^T            (the keys moved to their segment's end)
+    y^(s-1) = y^(s) M_s,  M_s = E_f Pt_f               (the whole segment's transition)
+
+so a query state crosses a segment with one D x D product and meets the segment's key
+blocks without a transition in between. `_seg_kernel` computes, per block, E_c (stored when
+the backward asks for it), Ks_c and, for a segment's first block, M_s. M_s of every crossed
+segment is stored in a compact slot table (`segment_slots`); the last segment of each
+sequence is never crossed and the first never needs its product, so neither is stored.
+
+Ks has the inputs' dtype (the operand dtype of the logits); E and M the transitions' operand
+dtype (`_common.transition_dtype`).
+
+Backward. The backward scan meets earlier segments the same way and leaves, per block, the
+gradient dKs_c of its moved keys and, per crossed segment, the gradient dM_s of its whole
+transition (float32, summed over the query heads of a key head). `_seg_bwd_kernel` then
+carries them back through the definitions above, per segment, left to right:
+
+    dK~_c += dKs_c E_c,   dE_c += dKs_c^T K~_c,   dE_f += dM_s Pt_f^T,  dPt_f += E_f^T dM_s,
+    E_c = E_{c+1} Pt_{c+1}:   dPt_{c+1} += E_{c+1}^T dE_c,   dE_{c+1} += dE_c Pt_{c+1}^T,
+
+and a transition's gradient reaches its reflections as dU = -W dPt, dW = -U dPt^T (added
+to the backward's dU and direct dW buffers, which `ut.ut_bwd` consumes). Rows of E evolve
+independently, so each program takes min(BD, BT) rows of E; their sums meet in relaxed
+atomic adds, once per block.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    block_ptrs,
+    block_reflections,
+    device_fn,
+    e_offsets,
+    full_block_reflections,
+    load_raw,
+    mm_lp,
+    reflection_tile,
+    tile_offsets,
+)
+
+__all__ = ["segment_slots", "segment_keys", "segment_grads", "times_e", "cross_back"]
+
+
+def segment_slots(table: torch.Tensor, seg: int, BT: int, n_seq: int
+                  ) -> tuple[torch.Tensor, int]:
+    """Slot of each block's segment in the table of whole-segment transitions: int32 [NB]
+    (slot = slots before the sequence + local block // seg; the segments of a sequence have
+    consecutive slots) and the number of slots to allocate (an upper bound: NB // seg +
+    n_seq + 1). Built on the device from the block table, no host read."""
+    t0, s0, s1 = table.long().unbind(1)
+    c = (t0 - s0) // BT
+    n_segments = ((s1 - s0 + BT - 1) // BT + seg - 1) // seg  # 0 on the table's empty rows
+    first = (c == 0) & (t0 < s1)
+    through = torch.where(first, n_segments, 0).cumsum(0)  # slots up to this sequence's end
+    slots = through - n_segments + c // seg
+    return slots.to(torch.int32), table.shape[0] // seg + n_seq + 1
+
+
+@triton.jit
+def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_ptr, H, D, SEG,
+                BT: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr,
+                R: tl.constexpr, BTR: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
+                STORE_E: tl.constexpr, EMULATE: tl.constexpr):
+    blk = tl.program_id(0)
+    h = tl.program_id(1)
+    r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    if t0 >= s1:  # an empty row of the table
+        return
+    c = (t0 - s0) // BT
+    last = (s1 - s0 + BT - 1) // BT - 1
+    e = tl.minimum((c // SEG + 1) * SEG - 1, last)
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    rr = r0 + tl.arange(0, BR)
+    # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U
+    E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
+    for i in range(0, e - c):  # blocks e, e-1, ..., c+1 (e may be partial)
+        kr, kmask = block_reflections(s0 + (e - i) * BT, s1, BT, R, BTR)  # [BTR]
+        Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
+        Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
+        E = E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
+    if STORE_E:
+        tl.store(e_ptr + e_offsets(blk, h, H, rr, cols, BD), E)
+    # Ks_c[:, rr] = K~_c E[rr]^T
+    rows = t0 + tl.arange(0, BT)
+    rmask = rows < s1
+    Kt = load_raw(kt_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    ks = mm_lp(Kt, tl.trans(E), DT, PREC, EMULATE)  # [BT, BR]
+    tl.store(ks_ptr + tile_offsets(rows, H * D, h * D, rr), ks,
+             mask=rmask[:, None] & (rr < D)[None, :])
+    sg = c // SEG
+    if (c == sg * SEG) & (sg > 0) & (e < last):  # a crossed segment's first block f
+        wr, wmask = full_block_reflections(t0, BT, R, BTR)
+        Wf = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        Uf = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        M = E - mm_lp(mm_lp(E, tl.trans(Wf), TDT, PREC, EMULATE), Uf, TDT, PREC, EMULATE)
+        slot = tl.load(slot_ptr + blk)
+        tl.store(ms_ptr + e_offsets(slot, h, H, rr, cols, BD), M)
+
+
+def segment_keys(w, u, kt, table, slots, n_slots: int, seg: int, BT: int, BD: int, prec: str,
+                 dt, tdt, emulate: bool, R: int = 1, store_e: bool = False,
+                 launch: dict | None = None):
+    """Ks [N, H, D] (kt's dtype), M [n_slots, H, BD, BD] and, with store_e, E [NB, H, BD,
+    BD] (u's dtype; else None) from w, u [N * R, H, D] (R reflections per token) and the
+    block keys kt [N, H, D]; see the module docstring. One program per block, head and
+    group of min(BD, BT) rows of E."""
+    N, H, D = kt.shape
+    BR = min(BD, BT)
+    ks = torch.empty_like(kt)
+    ms = torch.empty(n_slots, H, BD, BD, dtype=u.dtype, device=u.device)
+    e = (torch.empty(table.shape[0], H, BD, BD, dtype=u.dtype, device=u.device) if store_e
+         else ms)
+    _seg_kernel[(table.shape[0], H, BD // BR)](
+        w, u, kt, e, ks, ms, slots, table, H, D, seg, BT=BT, BD=BD, BR=BR, PREC=prec, R=R,
+        BTR=reflection_tile(BT, R), DT=dt, TDT=tdt, STORE_E=store_e, EMULATE=emulate,
+        **(launch or {}))
+    return ks, ms, (e if store_e else None)
+
+
+@triton.jit
+def _seg_bwd_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, dks_ptr, dms_ptr, slot_ptr, dkt_ptr, du_ptr,
+                    dwp_ptr, table_ptr, H, D, SEG, BT: tl.constexpr, BD: tl.constexpr,
+                    BR: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                    DT: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
+    blk = tl.program_id(0)  # a segment's first block, else nothing to do
+    h = tl.program_id(1)
+    r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    if t0 >= s1:  # an empty row of the table
+        return
+    f = (t0 - s0) // BT
+    if f % SEG != 0:
+        return
+    last = (s1 - s0 + BT - 1) // BT - 1
+    e = tl.minimum(f + SEG - 1, last)
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    rr = r0 + tl.arange(0, BR)
+    rmask_e = rr < D
+    lt = tl.arange(0, BT)
+    lw = tl.arange(0, BTR)
+    G = tl.zeros([BR, BD], dtype=tl.float32)  # rows rr of dE, carried left to right
+    for i in range(0, e - f + 1):  # blocks f .. e of the segment
+        b = f + i
+        tb = s0 + b * BT
+        Eb = tl.load(e_ptr + e_offsets(blk + i, h, H, rr, cols, BD))  # [BR, BD]
+        wr, wmask = block_reflections(tb, s1, BT, R, BTR)
+        Wb = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
+        Ub = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        crossed = (f > 0) & (e < last)  # M_s = E_f Pt_f exists and was crossed
+        if (i == 0) & crossed:
+            G = tl.load(dms_ptr + e_offsets(tl.load(slot_ptr + blk), h, H, rr, cols, BD))
+        if (i > 0) | crossed:  # dPt_b = E_b^T G (G = dE_{b-1}, or dM at b = f); G <- G Pt_b^T
+            amask = wmask[:, None] & cmask[None, :]
+            we = mm_lp(Wb, tl.trans(Eb), TDT, PREC, EMULATE)  # [BTR, BR]
+            tl.atomic_add(block_ptrs(du_ptr, tb * R, lw, H * D, h * D, cols),
+                          -mm_lp(we, G, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
+            ug = mm_lp(Ub, tl.trans(G), TDT, PREC, EMULATE)  # [BTR, BR]
+            tl.atomic_add(block_ptrs(dwp_ptr, tb * R, lw, H * D, h * D, cols),
+                          -mm_lp(ug, Eb, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
+            G = G - mm_lp(tl.trans(ug), Wb, TDT, PREC, EMULATE)
+        # the block's moved keys: dK~_b += dKs_b[:, rr] E_b[rr], dE_b[rr] += dKs_b[:, rr]^T K~_b
+        rows = tb + lt
+        kmask = rows < s1
+        dKs = load_raw(dks_ptr, rows, kmask, H * D, h * D, rr, rmask_e)  # [BT, BR] float32
+        Kt = load_raw(kt_ptr, rows, kmask, H * D, h * D, cols, cmask)  # [BT, BD]
+        tl.atomic_add(block_ptrs(dkt_ptr, tb, lt, H * D, h * D, cols),
+                      mm_lp(dKs, Eb, DT, PREC, EMULATE), mask=kmask[:, None] & cmask[None, :],
+                      sem="relaxed")
+        G += mm_lp(tl.trans(dKs), Kt, DT, PREC, EMULATE)
+
+
+def segment_grads(w, u, kt, e, dks, dms, table, slots, seg: int, BT: int, BD: int,
+                  prec: str, dt, tdt, emulate: bool, dkt, du, dwp, R: int = 1,
+                  launch: dict | None = None) -> None:
+    """Adds the gradients that flow through the segment keys and transitions (dks [N, H, D]
+    and dms [n_slots, H, BD, BD], float32) to dkt [N, H, D] and du, dwp [N * R, H, D]
+    (float32, in place); E as `segment_keys(store_e=True)` returned it. One program per
+    segment, head and group of min(BD, BT) rows of E (module docstring)."""
+    H = kt.shape[1]
+    BR = min(BD, BT)
+    _seg_bwd_kernel[(table.shape[0], H, BD // BR)](
+        w, u, kt, e, dks, dms, slots, dkt, du, dwp, table, H, kt.shape[2], seg, BT=BT, BD=BD,
+        BR=BR, PREC=prec, R=R, BTR=reflection_tile(BT, R), DT=dt, TDT=tdt, EMULATE=emulate,
+        **(launch or {}))
+
+
+@device_fn
+def cross_back(y, g, ms_ptr, dms_ptr, slot, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
+               PREC: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """The backward walk entering segment s across its transition M = M_s (table row slot,
+    head h): with y = y^(s) and g the adjoint of y^(s-1) = y^(s) M, adds y^T g to dM and
+    returns g M^T (the adjoint's share of y^(s)); BK rows of M at a time, the column slices
+    taken with 0/1 selection products (exact) as in `times_e`."""
+    if BK == BD:
+        tl.atomic_add(dms_ptr + e_offsets(slot, h, H, cols, cols, BD),
+                      mm_lp(tl.trans(y), g, TDT, PREC, EMULATE), sem="relaxed")
+        M = tl.load(ms_ptr + e_offsets(slot, h, H, cols, cols, BD))
+        return mm_lp(g, tl.trans(M), TDT, PREC, EMULATE)
+    ck = tl.arange(0, BK)
+    out = tl.zeros(g.shape, dtype=tl.float32)
+    for k0 in range(0, BD, BK):
+        sel = tl.where(cols[:, None] == k0 + ck[None, :], 1.0, 0.0)  # [BD, BK]
+        yk = mm_lp(y, sel, TDT, PREC, EMULATE)  # y[:, k0 + ck]
+        tl.atomic_add(dms_ptr + e_offsets(slot, h, H, k0 + ck, cols, BD),
+                      mm_lp(tl.trans(yk), g, TDT, PREC, EMULATE), sem="relaxed")
+        Mk = tl.load(ms_ptr + e_offsets(slot, h, H, k0 + ck, cols, BD))  # [BK, BD]
+        out += mm_lp(mm_lp(g, tl.trans(Mk), TDT, PREC, EMULATE), tl.trans(sel), TDT, PREC,
+                     EMULATE)
+    return out
+
+
+@device_fn
+def times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
+            PREC: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """y E for E of row blk, head h of a [*, H, BD, BD] table of products (E or M), over BK
+    rows of E at a time: y E = sum_k y[:, k] E[k, :], the column slice y[:, k] taken by a
+    product with a 0/1 selection matrix (exact: one nonzero term per output). A [BD, BD]
+    float32 operand would need BD * BD * 4 bytes of shared memory (256 KiB at BD = 256)."""
+    if BK == BD:
+        return mm_lp(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), TDT, PREC,
+                     EMULATE)
+    ck = tl.arange(0, BK)
+    x = tl.zeros(y.shape, dtype=tl.float32)
+    for k0 in range(0, BD, BK):
+        sel = tl.where(cols[:, None] == k0 + ck[None, :], 1.0, 0.0)  # [BD, BK]
+        Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
+        x += mm_lp(mm_lp(y, sel, TDT, PREC, EMULATE), Ek, TDT, PREC, EMULATE)
+    return x
