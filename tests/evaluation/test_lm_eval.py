@@ -22,6 +22,8 @@ from pathattn.data import load_tokenizer  # noqa: E402
 from pathattn.evaluation import lmeval  # noqa: E402
 from tests._tiny_text import tiny_prepared  # noqa: E402
 
+pytestmark = pytest.mark.slow  # lm-eval runs, about a minute in all
+
 LIMIT = 3
 
 

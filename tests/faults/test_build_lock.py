@@ -27,6 +27,8 @@ import torch
 from pathattn.ops import path_attn, path_attn_naive
 from pathattn.ops.path.cpu import build
 
+pytestmark = pytest.mark.slow  # a cold build of the C++ kernels, about a minute and a half
+
 REPO = Path(__file__).resolve().parents[2]
 COLD_BUILD_S = 600  # a cold build: 20-30 s idle, over 180 s on a 2-core machine under full load;
 # only a hang (a build waiting forever on a stale lock) runs into it

@@ -15,6 +15,8 @@ from pathattn.ops import path_attn
 from tests._compile import assert_no_graph_breaks, assert_same, fresh, loss_and_grads
 from tests.ops.path._helpers import make_dout, make_inputs
 
+pytestmark = pytest.mark.slow  # inductor compilations, about a minute in all
+
 B, HQ, H, D = 1, 4, 2, 8  # GQA: two query heads per key/value head
 
 

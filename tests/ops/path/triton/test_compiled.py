@@ -34,6 +34,7 @@ from pathattn.ops.path.triton import inspect_kernels as ik  # noqa: E402
 from pathattn.ops.path.triton.config import KERNELS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[4]
+pytestmark = pytest.mark.slow  # ptxas in two child processes, about a minute
 
 # id -> (device, D, gates, R, kernels); bfloat16, GQA group 1, the launcher's block size
 CASES = {

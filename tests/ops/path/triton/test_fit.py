@@ -5,10 +5,11 @@ its wheel), for one and for several reflections per token. The CPU interpreter t
 tests use would not notice a kernel that needs more shared memory than a GPU has.
 
 Compilation needs TRITON_INTERPRET unset, which the test session sets for the CPU kernels,
-so the checks run in a child process. Set: `pathattn.ops.path.triton.fit.QUICK` with R = 1 (D in
-{64, 128, 256}, float32 and bfloat16, default block sizes) and with R in {2, 4} at D in
-{64, 128}, read after the shared-memory allocation pass (about 0.3 s per kernel);
-`benchmarks/triton_fit.py` runs the full set and ptxas.
+so the checks run in a child process per device. Set (`pathattn.ops.path.triton.fit.QUICK`,
+default block sizes): R = 1 at D 64 and 128 in float32 and bfloat16 and at D = 256 in
+bfloat16, R = 2 at D = 128 and R = 4 at D = 64 in bfloat16, read after the shared-memory
+allocation pass (about 0.3 s per kernel); `benchmarks/triton_fit.py` runs the full set
+(and `--table` remeasures the launcher's tables) and ptxas.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathattn.ops.path.triton.config import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[4]
+pytestmark = pytest.mark.slow  # two compiling child processes, about a minute
 
 _CHILD = """
 import json, sys
@@ -42,9 +44,11 @@ import torch
 from pathattn.ops.path.triton import fit
 from pathattn.ops.path.triton.config import LaunchConfig
 device = sys.argv[1]
-grids = [{**fit.QUICK, "reflections": (1,)},
-         {**fit.QUICK, "D": (128,), "reflections": (2,)},
-         {**fit.QUICK, "D": (64,), "reflections": (4,)}]
+bf16 = (torch.bfloat16,)
+grids = [{**fit.QUICK, "D": (64, 128), "reflections": (1,)},
+         {**fit.QUICK, "D": (256,), "dtypes": bf16, "reflections": (1,)},
+         {**fit.QUICK, "D": (128,), "dtypes": bf16, "reflections": (2,)},
+         {**fit.QUICK, "D": (64,), "dtypes": bf16, "reflections": (4,)}]
 out = [{"kernel": f.kernel, "D": f.D, "dtype": str(f.dtype), "BT": f.BT, "G": f.G, "R": f.R,
         "cap": f.capability, "shared": f.shared, "limit": f.limit, "stages": f.num_stages}
        for grid in grids for f in fit.run_checks(grid, devices=(device,))]
