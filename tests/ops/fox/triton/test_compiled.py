@@ -45,7 +45,8 @@ for D, names in json.loads(sys.argv[1]):
                                  "blocks": blocks, "limiter": limiter,
                                  "atomics": {**a["atomics_in_loops"],
                                              **a["atomics_outside_loops"]},
-                                 "BT": s.constexprs["BT"], "warps": s.num_warps}
+                                 "BT": s.constexprs["BT"], "warps": s.num_warps,
+                                 "mma_per_pair": a["mma_per_block_pair"]}
 print(json.dumps(out))
 """
 # two children of about equal cost; the gate kernels do not depend on D
@@ -79,3 +80,17 @@ def test_every_kernel_fits_an_h100(reports):
 def test_two_blocks_per_sm_at_d64(reports, kernel):
     r = reports[f"D64-{kernel}"]
     assert r["blocks"] >= MIN_BLOCKS_PER_SM, f"{kernel}: {r}"
+
+
+# products per tile pair (FlashAttention-2's): forward S = Q K^T and P V; key-parallel
+# backward S^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q; query-parallel S, dP, dQ += dS K.
+# One 64 x 64 x 64 product with 16-bit operands is 4 wgmma (m64n64k16) on sm_90.
+PRODUCTS_PER_TILE_PAIR = {"fwd": 2, "dkdv": 4, "dq": 3}
+
+
+@pytest.mark.parametrize("kernel", ATTENTION)
+def test_matrix_products_per_tile_pair_at_d64(reports, kernel):
+    r = reports[f"D64-{kernel}"]
+    assert r["BT"] == 64, f"{kernel}: the cap below is for 64-token tiles: {r}"
+    cap = PRODUCTS_PER_TILE_PAIR[kernel] * 4
+    assert 0 < r["mma_per_pair"] <= cap, f"{kernel}: {r['mma_per_pair']} wgmma > {cap}: {r}"
