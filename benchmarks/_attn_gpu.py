@@ -10,6 +10,8 @@ the scale, so it gets g / scale for the same op. Its inputs are made once, untim
 
 from __future__ import annotations
 
+import gc
+import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -23,7 +25,7 @@ from pathattn import path_attn
 from pathattn.ops.path.fla import kernel as fla_kernel
 
 __all__ = ["fla_kernel", "path_inputs", "fla_inputs", "Candidate", "candidates", "time_ms",
-           "peak_mib", "rel_err", "sync", "timed_columns"]
+           "peak_mib", "rel_err", "sync", "timed_columns", "free", "grads", "optional_fla"]
 
 
 def sync(device: torch.device) -> None:
@@ -180,3 +182,28 @@ def timed_columns(fns: dict, ours: str, device: torch.device, repeats: int,
             if isinstance(a, float) and isinstance(b, float):
                 row[f"{ours}/{base}_{m}"] = a / b
     return row
+
+
+def free(device: torch.device) -> None:
+    """Collect garbage and, on a GPU, return cached blocks (between rows of a section)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def grads(fn, xs: tuple, dout: torch.Tensor) -> list[torch.Tensor]:
+    """[o = fn(*xs), *gradients of sum(o * dout) w.r.t. every input], on fresh leaves (zeros
+    for an input o does not depend on)."""
+    leaves = [x.detach().clone().requires_grad_() for x in xs]
+    o = fn(*leaves)
+    return [o.detach(), *torch.autograd.grad(o, leaves, dout.to(o.dtype),
+                                             materialize_grads=True)]
+
+
+def optional_fla(module: str, name: str):
+    """fla's function `name` from `module` (e.g. "fla.ops.forgetting_attn"), or
+    (None, why) when fla-core cannot be imported."""
+    try:
+        return getattr(importlib.import_module(module), name), ""
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        return None, f"{type(e).__name__}: {e}"[:200]

@@ -17,11 +17,9 @@ Rows, each guarded (an error is recorded and the next row runs):
 
 from __future__ import annotations
 
-import gc
-
 import torch
 import torch.nn.functional as F
-from _attn_gpu import rel_err, sync, timed_columns
+from _attn_gpu import free, grads, optional_fla, rel_err, sync, timed_columns
 from torch.nn.attention import sdpa_kernel
 
 from pathattn.ops import fox_attn
@@ -38,21 +36,6 @@ SPEED = {"seq_lens": (2048, 8192, 16384), "tokens": 32768, "heads": 16, "D": 64}
 SMOKE_SPEED = {"seq_lens": (16,), "tokens": 32, "heads": 2, "D": 16}
 
 
-def _fla():
-    """fla's parallel_forgetting_attn, or (None, why)."""
-    try:
-        from fla.ops.forgetting_attn import parallel_forgetting_attn
-    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
-        return None, f"{type(e).__name__}: {e}"[:200]
-    return parallel_forgetting_attn, ""
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _inputs(B, T, HQ, H, D, dtype, device):
     gen = torch.Generator(device).manual_seed(0)
     q = torch.randn(B, T, HQ, D, generator=gen, device=device).to(dtype)
@@ -61,20 +44,14 @@ def _inputs(B, T, HQ, H, D, dtype, device):
     return q, k, v, g
 
 
-def _grads(fn, xs, dout):
-    leaves = [x.detach().clone().requires_grad_() for x in xs]
-    o = fn(*leaves)
-    return [o.detach(), *torch.autograd.grad(o, leaves, dout.to(o.dtype))]
-
-
 def _correctness_row(case, device) -> dict:
     name, dtype, B, T, HQ, H, D, cu = case
     xs = _inputs(B, T, HQ, H, D, dtype, device)
     dout = torch.randn(B, T, HQ, D, device=device, dtype=dtype)
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
-    ref = _grads(lambda *a: fox_attn(*a, cu_seqlens=cu, backend="path"),
+    ref = grads(lambda *a: fox_attn(*a, cu_seqlens=cu, backend="path"),
                  tuple(x.double() for x in xs), dout.double())
-    got = _grads(lambda *a: fox_attn(*a, cu_seqlens=cu, backend="triton"), xs, dout)
+    got = grads(lambda *a: fox_attn(*a, cu_seqlens=cu, backend="triton"), xs, dout)
     sync(device)
     row = {"case": name, "dtype": str(dtype).removeprefix("torch."), "T": T}
     return row | {f"triton_{n}": rel_err(a, b) for n, a, b in zip(NAMES, got, ref, strict=True)}
@@ -104,7 +81,8 @@ def fox_kernels(ctx, sec) -> None:
     """Correctness rows, then speed rows, of `fox_attn(backend="triton")` (module
     docstring)."""
     smoke = ctx.mode == "cpu-smoke"
-    fla, why = _fla() if ctx.device.type == "cuda" else (None, "not on CPU")
+    fla, why = (optional_fla("fla.ops.forgetting_attn", "parallel_forgetting_attn")
+                if ctx.device.type == "cuda" else (None, "not on CPU"))
     sec["info"] = {"fla": "available" if fla is not None else f"n/a: {why}",
                    "reference": "fox_attn(backend='path') in float64"}
     for case in SMOKE_CASES if smoke else CASES:
@@ -116,7 +94,7 @@ def fox_kernels(ctx, sec) -> None:
             row = _correctness_row(case, ctx.device) | {"status": "ok"}
         except Exception as e:  # noqa: BLE001 - recorded, the next case runs
             row |= {"status": "error", "error": f"{type(e).__name__}: {e}"[:300]}
-        _free(ctx.device)
+        free(ctx.device)
         ctx.add_row(sec, row)
     sizes = SMOKE_SPEED if smoke else SPEED
     for T in sizes["seq_lens"]:
@@ -127,5 +105,5 @@ def fox_kernels(ctx, sec) -> None:
             row = _speed_row(ctx, T, sizes, fla) | {"status": "ok"}
         except Exception as e:  # noqa: BLE001 - e.g. out of memory
             row = {"T": T, "status": "error", "error": f"{type(e).__name__}: {e}"[:300]}
-        _free(ctx.device)
+        free(ctx.device)
         ctx.add_row(sec, row)

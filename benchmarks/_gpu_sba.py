@@ -18,12 +18,11 @@ backend, no fla). Called as `sba_kernels(ctx, sec)` with `_gpu_sections.Context`
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from _attn_gpu import rel_err, sync, timed_columns
+from _attn_gpu import free, grads, optional_fla, rel_err, sync, timed_columns
 from torch.nn.attention import sdpa_kernel
 
 from pathattn.ops import sb_attn
@@ -63,27 +62,6 @@ SPEED = {"seq_lens": (2048, 8192), "tokens": 32768, "heads": 16, "dims": (64, 12
 SMOKE_SPEED = {"seq_lens": (16,), "tokens": 32, "heads": 2, "dims": (16,)}
 
 
-def _fla():
-    """fla's parallel_stickbreaking_attn, or (None, why)."""
-    try:
-        from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
-    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
-        return None, f"{type(e).__name__}: {e}"[:200]
-    return parallel_stickbreaking_attn, ""
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _grads(fn, xs: tuple, dout: torch.Tensor) -> list[torch.Tensor]:
-    leaves = [x.detach().clone().requires_grad_() for x in xs]
-    o = fn(*leaves)
-    return [o.detach(), *torch.autograd.grad(o, leaves, dout.to(o.dtype))]
-
-
 def _correctness_row(case: SBACase, device: torch.device) -> dict:
     dtype = DTYPES[case.dtype]
     gen = torch.Generator(device).manual_seed(0)
@@ -98,8 +76,8 @@ def _correctness_row(case: SBACase, device: torch.device) -> dict:
         return lambda q, k, v: sb_attn(q, k, v, cu_seqlens=cu, backend=backend,
                                        attend_current=case.attend_current)
 
-    ref = _grads(op("blockwise"), tuple(x.double() for x in xs), dout.double())
-    got = _grads(op("triton"), xs, dout)
+    ref = grads(op("blockwise"), tuple(x.double() for x in xs), dout.double())
+    got = grads(op("triton"), xs, dout)
     sync(device)
     row = {"case": case.name, "dtype": case.dtype, "T": case.T}
     e = [rel_err(a, b) for a, b in zip(got, ref, strict=True)]
@@ -107,7 +85,7 @@ def _correctness_row(case: SBACase, device: torch.device) -> dict:
     if dtype == torch.float32:
         row["ok"] = all(x <= F32_TOL for x in e)
         return row
-    base = [rel_err(a, b) for a, b in zip(_grads(op("blockwise"), xs, dout), ref,
+    base = [rel_err(a, b) for a, b in zip(grads(op("blockwise"), xs, dout), ref,
                                           strict=True)]
     row |= {f"blockwise_{n}": x for n, x in zip(NAMES, base, strict=True)}
     row["worst_vs_blockwise"] = max(a / max(b, 1e-30) for a, b in zip(e, base, strict=True))
@@ -143,7 +121,8 @@ def sba_kernels(ctx, sec) -> None:
     """Correctness rows, then speed rows, of `sb_attn(backend="triton")` (module
     docstring)."""
     smoke = ctx.mode == "cpu-smoke"
-    fla, why = _fla() if ctx.device.type == "cuda" else (None, "not on CPU")
+    fla, why = (optional_fla("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
+                if ctx.device.type == "cuda" else (None, "not on CPU"))
     sec["info"] = {"fla": "available" if fla is not None else f"n/a: {why}",
                    "reference": "sb_attn(backend='blockwise') in float64"}
     for case in SMOKE_CASES if smoke else CASES:
@@ -155,7 +134,7 @@ def sba_kernels(ctx, sec) -> None:
             row = _correctness_row(case, ctx.device) | {"status": "ok"}
         except Exception as e:  # noqa: BLE001 - recorded, the next case runs
             row |= {"status": "error", "error": f"{type(e).__name__}: {e}"[:300]}
-        _free(ctx.device)
+        free(ctx.device)
         ctx.add_row(sec, row)
     sizes = SMOKE_SPEED if smoke else SPEED
     for D in sizes["dims"]:
@@ -168,5 +147,5 @@ def sba_kernels(ctx, sec) -> None:
             except Exception as e:  # noqa: BLE001 - e.g. out of memory
                 row = {"T": T, "D": D, "status": "error",
                        "error": f"{type(e).__name__}: {e}"[:300]}
-            _free(ctx.device)
+            free(ctx.device)
             ctx.add_row(sec, row)

@@ -8,7 +8,6 @@ Every section is a function (ctx, sec) that appends rows to sec["rows"] through
 from __future__ import annotations
 
 import datetime
-import gc
 import importlib.metadata
 import json
 import math
@@ -23,7 +22,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from _attn_gpu import candidates, fla_kernel, path_inputs, peak_mib, rel_err, sync, time_ms
+from _attn_gpu import (
+    candidates,
+    fla_kernel,
+    free,
+    grads,
+    path_inputs,
+    peak_mib,
+    rel_err,
+    sync,
+    time_ms,
+)
 from _env import system_info
 from _gpu_fox import fox_kernels
 from _gpu_lm import generate, lm_commands
@@ -206,12 +215,6 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:300]
 
 
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 # ------------------------------------------------------------------------ environment
 
 def _version(dist: str) -> str | None:
@@ -314,14 +317,6 @@ def first_call(ctx: Context, sec: dict) -> None:
 
 # ------------------------------------------------------------------------ correctness
 
-def _grads(fn, xs: tuple, dout: torch.Tensor) -> list[torch.Tensor]:
-    """[o, *gradients of sum(o * dout) w.r.t. every input], on fresh leaves."""
-    leaves = [x.detach().clone().requires_grad_() for x in xs]
-    o = fn(*leaves)
-    grads = torch.autograd.grad(o, leaves, dout.to(o.dtype), materialize_grads=True)
-    return [o.detach(), *grads]
-
-
 def _case_rows(ctx: Context, case: Case, dt: str) -> list[dict]:
     dtype, dev = DTYPES[dt], ctx.device
     xs = path_inputs(case.B, case.T, case.HQ, case.H, case.D, torch.float32, True, dev, case.R)
@@ -333,7 +328,7 @@ def _case_rows(ctx: Context, case: Case, dt: str) -> list[dict]:
     def op(backend):
         return lambda *a: path_attn(*a, cu_seqlens=cu, backend=backend)
 
-    ref = _grads(op("torch"), tuple(x.double() for x in xs), dout.double())
+    ref = grads(op("torch"), tuple(x.double() for x in xs), dout.double())
     impls = {"triton": op("triton"), "plain": lambda *a: path_attn_naive(
         *a, cu_seqlens=cu, dtype=None), "torch": op("torch"), "fla": op("fla")}
     rows, errs = [], {}
@@ -346,7 +341,7 @@ def _case_rows(ctx: Context, case: Case, dt: str) -> list[dict]:
             rows.append(row | {"status": f"n/a: {e}"})
             continue
         try:
-            got = _grads(fn, xs, dout)
+            got = grads(fn, xs, dout)
             sync(dev)
         except Exception as e:  # noqa: BLE001 - recorded, the next implementation runs
             rows.append(row | {"status": "error", "error": _short(e)})
@@ -376,7 +371,7 @@ def correctness(ctx: Context, sec: dict) -> None:
                 rows = [{"case": case.name, "dtype": dt, "status": "error", "error": _short(e)}]
             for row in rows:
                 ctx.add_row(sec, row)
-            _free(ctx.device)
+            free(ctx.device)
 
 
 # ------------------------------------------------------------------------------ speed
@@ -388,7 +383,7 @@ def _measure(ctx: Context, name: str, cand) -> dict:
                 f"{name}_fwdbwd_ms": time_ms(cand.fwd_bwd, plan.repeats, dev, plan.warmup),
                 f"{name}_peak_mib": peak_mib(cand.fwd_bwd, dev)}
     except Exception as e:  # noqa: BLE001 - recorded in the row
-        _free(dev)
+        free(dev)
         return {f"{name}_fwd_ms": "error", f"{name}_error": _short(e)}
 
 
@@ -412,7 +407,7 @@ def speed(ctx: Context, sec: dict) -> None:
                                        names, ctx.sdpa_backend)
                 except Exception as e:  # noqa: BLE001 - e.g. out of memory
                     ctx.add_row(sec, row | {"status": "error", "error": _short(e)})
-                    _free(dev)
+                    free(dev)
                     continue
                 for name in ("path", "sdpa", "fla"):  # fla last: its first calls autotune
                     if name == "sdpa" and (T, D) in sdpa_done:
@@ -428,7 +423,7 @@ def speed(ctx: Context, sec: dict) -> None:
                         if isinstance(a, float) and isinstance(b, float):
                             row[f"ours/{base}_{m}"] = a / b
                 del cands
-                _free(dev)
+                free(dev)
                 ctx.add_row(sec, row)
 
 
@@ -464,7 +459,7 @@ def profile(ctx: Context, sec: dict) -> None:
         total = sum(getattr(e, key, 0.0) for e in events) / 1e3
         ctx.add_row(sec, row | {"status": "ok", "self_ms_total": total, "events": len(events)})
         del cand
-        _free(ctx.device)
+        free(ctx.device)
 
 
 # ---------------------------------------------------------------------------- lm_step
@@ -520,7 +515,7 @@ def lm_step(ctx: Context, sec: dict) -> None:
             row = {"attn": attn, "status": "out of memory", "error": _short(e)}
         except Exception as e:  # noqa: BLE001 - recorded, the next type runs
             row = {"attn": attn, "status": "error", "error": _short(e)}
-        _free(ctx.device)
+        free(ctx.device)
         if attn == "rope" and "step_s" in row:
             base = row["step_s"]
         if base is not None and "step_s" in row:
@@ -577,7 +572,7 @@ def run(args, start: float) -> int:
         except Exception as e:  # noqa: BLE001 - recorded, the next section runs
             sec |= {"status": "error", "error": _short(e),
                     "traceback": traceback.format_exc()[-3000:]}
-            _free(ctx.device)
+            free(ctx.device)
         sec["seconds"] = time.time() - t0
         meta["elapsed_s"] = time.time() - start
         report.save()

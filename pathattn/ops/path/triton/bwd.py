@@ -61,32 +61,46 @@ __all__ = ["bwd_scan"]
 
 
 @device_fn
-def _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr, v_ptr,
-                     wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
-                     cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
-                     DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
-                     EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
-    """One step of the left-to-right walk: query state x = x^(c) against key block c, whose
-    logits S the forward computed the same way; returns the adjoint g^(c) from
-    g = g^(c-1), and drow [BT] plus the row sums of this tile's dS (with gates; the keys'
-    column sums go to dgate_ptr)."""
-    tc = s0 + c * BT
+def _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr, dk_ptr,
+                dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G: tl.constexpr,
+                BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+                EMULATE: tl.constexpr):
+    """The attention part of a block pair: query state x against the full key block at
+    token tc with logits S (formed as the forward formed them). Adds dV += P^T dO to dv_ptr
+    and dS^T x to dk_ptr (the gradient of the keys x met), the keys' column sums of dS to
+    dgate_ptr (gates); returns dS and drow plus its row sums. Every atomic is relaxed: the
+    sums need no ordering, only atomicity."""
     kr = tc + tl.arange(0, BT)
     P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
     Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
-    # every atomic is relaxed: the sums need no ordering, only atomicity
     lk = tl.arange(0, BT)
     tl.atomic_add(block_ptrs(dv_ptr, tc, lk, H * DV, h * DV, vcols),
                   mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :],
                   sem="relaxed")
     dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
-    tl.atomic_add(block_ptrs(dkt_ptr, tc, lk, H * D, h * D, cols),
+    tl.atomic_add(block_ptrs(dk_ptr, tc, lk, H * D, h * D, cols),
                   mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :],
                   sem="relaxed")
     if HAS_G:
         tl.atomic_add(dgate_ptr + row_offsets(kr, HQ, hq), -tl.sum(dS, axis=0),
                       sem="relaxed")
         drow += tl.sum(dS, axis=1)
+    return dS, drow
+
+
+@device_fn
+def _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr, v_ptr,
+                     wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
+                     cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
+                     DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
+                     EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    """One step of the left-to-right walk inside the query's own segment: query state
+    x = x^(c) against key block c; returns the adjoint g^(c) from g = g^(c-1), and drow
+    (`_pair_grads`)."""
+    tc = s0 + c * BT
+    dS, drow = _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr,
+                           dkt_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
+                           BT, DT, PREC, EMULATE)
     if c > 0:  # Pt_c acted on x^(c) (g^(c-1) is zero for c == 0)
         wr, wmask = full_block_reflections(tc, BT, R, BTR)  # [BTR]
         Wc = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
@@ -103,6 +117,7 @@ def _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
         tl.atomic_add(block_ptrs(dwp_ptr, tc * R, lw, H * D, h * D, cols),
                       -mm_lp(ug, x, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
         g = g - mm_lp(tl.trans(ug), Wc, TDT, PREC, EMULATE)
+    kr = tc + tl.arange(0, BT)
     Kt = load_raw(kt_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     return g + mm_lp(dS, Kt, DT, PREC, EMULATE), drow
 
@@ -113,25 +128,13 @@ def _segment_block_grads(y, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, ks_
                          HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
                          PREC: tl.constexpr, EMULATE: tl.constexpr):
     """Key block c of an earlier segment, met as plain attention: y = y^(s) the query state
-    at c's segment, S = y Ks_c^T (+ gates) as the forward formed it. dV and the moved keys'
-    gradient dKs_c += dS^T y go to the key-side buffers; returns the adjoint of y^(s) with
-    this block's term, g + dS Ks_c, and drow plus this tile's row sums of dS (gates)."""
+    at c's segment, S = y Ks_c^T. The moved keys' gradient dKs_c += dS^T y goes to dks_ptr;
+    returns the adjoint of y^(s) with this block's term, g + dS Ks_c, and drow."""
     tc = s0 + c * BT
+    dS, drow = _pair_grads(y, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr,
+                           dks_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
+                           BT, DT, PREC, EMULATE)
     kr = tc + tl.arange(0, BT)
-    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
-    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
-    lk = tl.arange(0, BT)
-    tl.atomic_add(block_ptrs(dv_ptr, tc, lk, H * DV, h * DV, vcols),
-                  mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :],
-                  sem="relaxed")
-    dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
-    tl.atomic_add(block_ptrs(dks_ptr, tc, lk, H * D, h * D, cols),
-                  mm_lp(tl.trans(dS), y, DT, PREC, EMULATE), mask=cmask[None, :],
-                  sem="relaxed")
-    if HAS_G:
-        tl.atomic_add(dgate_ptr + row_offsets(kr, HQ, hq), -tl.sum(dS, axis=0),
-                      sem="relaxed")
-        drow += tl.sum(dS, axis=1)
     Ks = load_raw(ks_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     return g + mm_lp(dS, Ks, DT, PREC, EMULATE), drow
 
