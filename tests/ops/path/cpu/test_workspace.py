@@ -46,17 +46,6 @@ def _run(inputs) -> list[torch.Tensor]:
 
 
 def test_a_repeated_call_reuses_its_blocks():
-    # one thread: how many blocks are out at once (and so the misses) depends on how
-    # parallel tiles interleave, which varies from call to call on a loaded machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _check_reuse()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _check_reuse():
     _run(_inputs())
     before = workspace_info()
     _run(_inputs(seed=1))
