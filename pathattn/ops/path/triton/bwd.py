@@ -10,26 +10,28 @@ i.e. left to right over c, with the adjoint g^(c) = dL/dx^(c):
 The states are produced right to left, so the walk needs x^(c) for increasing c without
 storing every state of every query block. It uses the forward's segments of SEG blocks
 (`segments.py`: the keys moved to their segment's end Ks_c and the whole-segment
-transitions M_s). For each earlier segment s, left to right, the program rebuilds the state
-y^(s) from the state at the end of the segment before its own (one product with M per
-segment crossed) and meets the segment's blocks as plain attention, as the forward did
-(so P matches the saved log-sum-exp), with the adjoint of y^(s):
+transitions M_s). For each earlier segment s, left to right, the program forms the state
+y^(s) = ys Pi from ys, its state entering the segment before its own, with one product
+(`crossings.py`: Pi the product of the M between them), and meets the segment's blocks as
+plain attention, as the forward did (so P matches the saved log-sum-exp), with the adjoint
+of y^(s):
 
     g <- g M_s^T, dM_s += y^(s)^T g    (entering s: y^(s-1) = y^(s) M_s)
-    g <- g + dS Ks_c,  dKs_c += dS^T y^(s),  dV_c += P^T dO    (each block c of s)
+    g <- g + dS Ks_c    (each block c of s)
 
-Five products per block pair and no transition. Inside its own segment it recomputes x^(c)
-from Q~_a and runs the block recursion above (with the transition terms dU = -W x^T g and
-dW = -U g^T x of Pt = I - W^T U, one row per reflection). dKs and dM reach K~, W and U
-afterwards, per segment (`segments.segment_grads`). With SEG ~ sqrt(number of blocks) the
-rebuilt states cost about one more pass; the extra memory is O(T D) (Ks, dKs, two float32
-states per query row, which wait in memory rather than in registers during the walk) and
-O(T D^2 / BT) for the E_c.
+Three products per block pair (S, dO V^T, dS Ks), no transition and no atomic: the block
+pair's key side, dKs_c += dS^T y^(s) and dV_c += P^T dO, is `bwd_kv.py`'s, a key-parallel
+kernel that reads ys (stored here, also in the inputs' dtype). Inside its own segment the
+program recomputes x^(c) from Q~_a and runs the block recursion above (with the transition
+terms dU = -W x^T g and dW = -U g^T x of Pt = I - W^T U, one row per reflection). dKs and
+dM reach K~, W and U afterwards, per segment (`segments.segment_grads`). The extra memory
+is O(T D) (Ks, dKs, the states per query row, which wait in memory rather than in
+registers during the walk) and O(T D^2 / BT) for the E_c and Pi.
 
-Gradients of key-side quantities (dV, dK~, dKs, dM, the transition terms, the gate terms)
-are accumulated with relaxed atomic adds into float32 buffers (products with 16-bit
-operands as in `fwd.py`); dQ~ and the in-block dS go to per-query-head buffers that
-`ut.ut_bwd` turns into dq, dk, dw, dbeta.
+Gradients of key-side quantities inside the own segment (dV, dK~, the transition terms,
+the gate terms) and dM, once per segment crossed, are accumulated with relaxed atomic adds
+into float32 buffers (products with 16-bit operands as in `fwd.py`); dQ~ and the in-block
+dS go to per-query-head buffers that `ut.ut_bwd` turns into dq, dk, dw, dbeta.
 
 Gates: logit(i, j) holds G_i - G_j, so dL/dG_t = rowsum_t(dS) - colsum_t(dS). The row sum
 is zero in exact arithmetic (sum_j P_ij dP_ij = delta_i), but delta comes from the output
@@ -54,6 +56,8 @@ from ._common import (
     row_offsets,
     tile_ptrs,
 )
+from .bwd_kv import launch_bwd_kv
+from .crossings import pair_index, segment_products
 from .fwd import apply_transition, key_block_logits, query_block_start
 from .segments import cross_back, segment_grads, segment_keys, times_e
 
@@ -61,28 +65,36 @@ __all__ = ["bwd_scan"]
 
 
 @device_fn
+def _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT: tl.constexpr,
+             DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """P and dS = P * (dO V^T - delta) of a query block against the full key block at token
+    tc, from the logits S formed as the forward formed them."""
+    kr = tc + tl.arange(0, BT)
+    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
+    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    return P, P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
+
+
+@device_fn
 def _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr, dk_ptr,
                 dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G: tl.constexpr,
                 BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr):
-    """The attention part of a block pair: query state x against the full key block at
-    token tc with logits S (formed as the forward formed them). Adds dV += P^T dO to dv_ptr
-    and dS^T x to dk_ptr (the gradient of the keys x met), the keys' column sums of dS to
-    dgate_ptr (gates); returns dS and drow plus its row sums. Every atomic is relaxed: the
-    sums need no ordering, only atomicity."""
-    kr = tc + tl.arange(0, BT)
-    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
-    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    """The attention part of a block pair of the query's own segment: query state x against
+    the full key block at token tc with logits S. Adds dV += P^T dO to dv_ptr and dS^T x
+    to dk_ptr, the keys' column sums of dS to dgate_ptr (gates); returns dS and drow plus
+    its row sums. Every atomic is relaxed: the sums need no ordering, only atomicity."""
+    P, dS = _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT, DT,
+                     PREC, EMULATE)
     lk = tl.arange(0, BT)
     tl.atomic_add(block_ptrs(dv_ptr, tc, lk, H * DV, h * DV, vcols),
                   mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :],
                   sem="relaxed")
-    dS = P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
     tl.atomic_add(block_ptrs(dk_ptr, tc, lk, H * D, h * D, cols),
                   mm_lp(tl.trans(dS), x, DT, PREC, EMULATE), mask=cmask[None, :],
                   sem="relaxed")
     if HAS_G:
-        tl.atomic_add(dgate_ptr + row_offsets(kr, HQ, hq), -tl.sum(dS, axis=0),
+        tl.atomic_add(dgate_ptr + row_offsets(tc + lk, HQ, hq), -tl.sum(dS, axis=0),
                       sem="relaxed")
         drow += tl.sum(dS, axis=1)
     return dS, drow
@@ -123,17 +135,17 @@ def _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
 
 
 @device_fn
-def _segment_block_grads(y, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, ks_ptr, v_ptr,
-                         dv_ptr, dks_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask,
-                         HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
-                         PREC: tl.constexpr, EMULATE: tl.constexpr):
-    """Key block c of an earlier segment, met as plain attention: y = y^(s) the query state
-    at c's segment, S = y Ks_c^T. The moved keys' gradient dKs_c += dS^T y goes to dks_ptr;
-    returns the adjoint of y^(s) with this block's term, g + dS Ks_c, and drow."""
-    tc = s0 + c * BT
-    dS, drow = _pair_grads(y, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr,
-                           dks_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
-                           BT, DT, PREC, EMULATE)
+def _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr, v_ptr, H, D, DV,
+                         cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
+                         DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """Key block at token tc of an earlier segment, met as plain attention with logits
+    S = y Ks^T (y the query state at the block's segment): returns the adjoint of y with
+    this block's term, g + dS Ks, and drow plus dS's row sums. The keys' and values' side of
+    the pair is `bwd_kv.py`'s."""
+    _, dS = _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT, DT,
+                     PREC, EMULATE)
+    if HAS_G:
+        drow += tl.sum(dS, axis=1)
     kr = tc + tl.arange(0, BT)
     Ks = load_raw(ks_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     return g + mm_lp(dS, Ks, DT, PREC, EMULATE), drow
@@ -141,13 +153,13 @@ def _segment_block_grads(y, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, ks_
 
 @triton.jit
 def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr, ms_ptr,
-                dks_ptr, dms_ptr, slot_ptr, do_ptr, lse_ptr, delta_ptr, dqt_ptr, ys_ptr,
-                yc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, table_ptr, scale,
-                SEG, HQ, H, D, DV, G: tl.constexpr,
+                pi_ptr, dms_ptr, slot_ptr, pbase_ptr, do_ptr, lse_ptr, delta_ptr, dqt_ptr,
+                ys_ptr, ysd_ptr, yc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr,
+                table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
-    blk = tl.program_id(0)
+    blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
     t0 = tl.load(table_ptr + blk * 3)
@@ -194,27 +206,28 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
     yc_ptrs = tile_ptrs(yc_ptr, rows, HQ * D, hq * D, cols)
     tl.store(xa_ptrs, xa, mask=smask)
     tl.store(ytop_ptrs, ytop, mask=smask)
+    tl.store(tile_ptrs(ysd_ptr, rows, HQ * D, hq * D, cols), ytop, mask=smask)  # for bwd_kv
     tl.debug_barrier()
     slot = tl.load(slot_ptr + blk) - sa  # slot of the sequence's segment 0
+    base = tl.load(pbase_ptr + blk)
     for sc in range(0, sa):  # earlier segments, left to right
         y = tl.load(ytop_ptrs, mask=smask, other=0.0)
-        for i in range(0, sa - 1 - sc):  # across segments sa - 1, ..., sc + 1
-            y = times_e(y, ms_ptr, slot + sa - 1 - i, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+        if sc < sa - 1:  # across segments sa - 1, ..., sc + 1 at once: y Pi_{sa-1,sc}
+            y = times_e(y, pi_ptr, pair_index(base, sa - 1, sc), h, H, cols, BD, BK, PREC,
+                        TDT, EMULATE)
         if sc > 0:  # entering segment sc across M_sc: dM_sc += y^T g, g <- g M_sc^T
             g = cross_back(y, g, ms_ptr, dms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT,
                            EMULATE)
         tl.store(yc_ptrs, y, mask=smask)
         tl.debug_barrier()
         for j in range(0, SEG):  # plain attention, as the forward met these blocks
-            c = sc * SEG + j
-            tc = s0 + c * BT
+            tc = s0 + (sc * SEG + j) * BT
             y = tl.load(yc_ptrs, mask=smask, other=0.0)
             S, _ = key_block_logits(y, ks_ptr, g_ptr, tc + cbt, t0, tc, hq, h, gq, HQ, H, D,
                                     cols, cmask, HAS_G, DT, PREC, EMULATE)
-            g, drow = _segment_block_grads(y, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask,
-                                           ks_ptr, v_ptr, dv_ptr, dks_ptr, dgate_ptr, HQ, H,
-                                           D, DV, cols, cmask, vcols, vmask, HAS_G, BT, DT,
-                                           PREC, EMULATE)
+            g, drow = _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr,
+                                           v_ptr, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
+                                           BT, DT, PREC, EMULATE)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
         x = tl.load(xa_ptrs, mask=smask, other=0.0)
         for i in range(0, a - 1 - c):
@@ -234,21 +247,24 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
     tl.store(xa_ptrs, g, mask=smask)
 
 
-def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int,
+def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int, pairs,
              scale: float, seg: int, BT: int, BD: int, BDV: int, dt, tdt, prec: str,
-             emulate: bool, BK: int, launch: dict | None = None,
-             seg_launch: dict | None = None):
+             emulate: bool, BK: int, BKV: int, launch: dict | None = None,
+             seg_launch: dict | None = None, kv_launch: dict | None = None,
+             kv_tiles: tuple[int, int] | None = None):
     """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv] (q's dtype), lse and
-    delta = rowsum(dO * O) [N, HQ] (float32), and the segment slots of
-    `segments.segment_slots` (the segment keys and transitions are recomputed, as the
-    forward computed them).
+    delta = rowsum(dO * O) [N, HQ] (float32), the segment slots of
+    `segments.segment_slots` and pairs = (pair bases, rows) of `crossings.segment_pairs`
+    (the segment keys and transitions are recomputed, as the forward computed them).
 
     Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
     per query head), dv, dkt, du, dwp (float32, [N, H, Dv], [N, H, D], and [N * R, H, D]
     for du, dwp) and dG = dL/dG [N, HQ], the gradient of the cumulative gates G: row sums
-    of dS minus column sums (None without gates). BK: rows of a segment product E read at a
-    time (a divisor of BD); launch / seg_launch: num_warps / num_stages of the scan and of
-    `segments.segment_keys` and `segments.segment_grads`.
+    of dS minus column sums (None without gates). BK, BKV: rows of a segment product read at
+    a time (divisors of BD) by the query-parallel and the key-parallel kernel; launch /
+    seg_launch / kv_launch: num_warps / num_stages of the query-parallel scan, of the
+    segment kernels (`segments`, `crossings`) and of the key-parallel kernel (`bwd_kv`);
+    kv_tiles: the latter's (BKT, BQ).
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
@@ -256,22 +272,29 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     f32 = {"dtype": torch.float32, "device": q.device}
     ks, ms, e = segment_keys(w, u, kt, table, slots, n_slots, seg, BT, BD, prec, dt, tdt,
                              emulate, R, store_e=True, launch=seg_launch)
+    pbase, n_pairs = pairs
+    pi = segment_products(ms, table, slots, pbase, n_pairs, seg, BT, BD, BK, prec, tdt,
+                          emulate, seg_launch)
     dqt = torch.empty(N, HQ, D, **f32)
     # per query block: its state at its own segment's start and at the segment walked
     ys, yc = torch.empty(2, N, HQ, D, **f32).unbind(0)
+    ysd = torch.empty(N, HQ, D, dtype=q.dtype, device=q.device)  # ys in the inputs' dtype
     dsd = torch.empty(N, HQ, BT, **f32)
     dv = torch.zeros(N, H, Dv, **f32)
     dkt = torch.zeros(N, H, D, **f32)
     du, dwp = (torch.zeros(N * R, H, D, **f32) for _ in range(2))
     dG = torch.zeros(N, HQ, **f32) if G is not None else None
-    dks = torch.zeros(N, H, D, **f32)  # gradients of the segment keys and transitions
-    dms = torch.zeros(ms.shape, **f32)
+    dms = torch.zeros(ms.shape, **f32)  # gradients of the segment transitions
     _bwd_kernel[(table.shape[0], HQ)](
-        q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, dks, dms, slots, do, lse,
-        delta, dqt, ys, yc, dsd, dv, dkt, du, dwp, dG if dG is not None else lse, table, scale,
-        seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt,
-        TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
+        q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, pi, dms, slots, pbase, do,
+        lse, delta, dqt, ys, ysd, yc, dsd, dv, dkt, du, dwp, dG if dG is not None else lse, table,
+        scale, seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
+        BK=BK, DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
         **(launch or {}))
+    dks, dvq = launch_bwd_kv(ks, v, pi, pbase, G, ysd, do, lse, delta, dG, table, seg, BT, BD,
+                             BDV, BKV, dt, prec, emulate, kv_tiles, kv_launch)
+    dv += dvq.view(N, H, HQ // H, Dv).sum(2)  # a key head's query heads
+    dks = dks.view(N, H, HQ // H, D).sum(2)
     segment_grads(w, u, kt, e, dks, dms, table, slots, seg, BT, BD, prec, dt, tdt, emulate,
                   dkt, du, dwp, R, seg_launch)
     return dqt, dsd, dv, dkt, du, dwp, dG

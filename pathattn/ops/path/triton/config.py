@@ -1,6 +1,6 @@
 """Launch configuration of the Triton kernels: block length, num_warps and num_stages.
 
-`launch_config` picks the largest block length whose six kernels fit the device's shared
+`launch_config` picks the largest block length whose eight kernels fit the device's shared
 memory, from `SHARED_BYTES` (per architecture, measured by compiling every kernel ahead of
 time; `fit.measure_shared_table` remeasures it), and caps the UT tile at
 `MAX_REFLECTION_TILE` rows with several reflections per token. Without a CUDA device the
@@ -16,9 +16,10 @@ import torch
 
 __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig",
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
-           "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE"]
+           "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
+           "KV_TILES", "kv_tiles"]
 
-KERNELS = ("ut_fwd", "seg", "fwd", "bwd", "seg_bwd", "ut_bwd")
+KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd")
 H100_SHARED = 232448  # bytes per block (opt-in maximum), sm_90
 A100_SHARED = 166912  # sm_80
 _E_ROWS = 32  # rows of a segment product E the backward scan reads at a time
@@ -37,7 +38,7 @@ SHARED_BYTES = {
         32: {
             64: (81920, 33280, 90112, 24576),
             32: (24576, 16640, 32768, 12288),
-            16: (11264, 12416, 13312, 5120),
+            16: (12288, 12416, 13312, 5120),
         },
         64: {
             64: (98304, 66048, 131072, 49152),
@@ -64,7 +65,7 @@ SHARED_BYTES = {
         32: {
             64: (180224, 49664, 172032, 69632),
             32: (24576, 16640, 32768, 12288),
-            16: (11264, 12416, 13312, 5120),
+            16: (12288, 12416, 13312, 5120),
         },
         64: {
             64: (262144, 98816, 229376, 122880),
@@ -173,12 +174,26 @@ SHARED_BYTES_REFLECTIONS = {
 }
 
 
+# (architecture, padded head dim, 16-bit inputs) -> (BKT, BQ) of the backward's key-parallel
+# kernel, capped at the block length: the largest tiles whose kernel keeps 0 spills, or the
+# fewest, at 4 warps (compiled ahead of time; 8 warps spill less but leave one block per
+# SM). Head dims not listed take whole blocks.
+KV_TILES = {
+    (90, 64, True): (64, 64), (90, 128, True): (16, 32), (90, 256, True): (16, 16),
+    (90, 64, False): (16, 32), (90, 128, False): (16, 16), (90, 256, False): (16, 16),
+    (80, 64, True): (32, 32), (80, 128, True): (16, 16), (80, 256, True): (16, 16),
+    (80, 64, False): (32, 16), (80, 128, False): (16, 16), (80, 256, False): (16, 16),
+}
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Block length BT, the shared-memory limit it was chosen for (bytes), num_warps and
     num_stages per kernel as (kernel name, value) pairs (kernels not named take 4 warps and 1
-    stage), BK, the rows of a segment product the backward scan reads at a time, and R, the
-    reflections per token it was chosen for."""
+    stage), BK, the rows of a segment product the backward scan reads at a time, R, the
+    reflections per token it was chosen for, and kv, the (BKT, BQ) tiles of the key-parallel
+    backward kernel and the rows of Pi it reads at a time (empty: whole blocks, and
+    `m_rows`; see `kv_tiles`)."""
 
     BT: int
     shared_limit: int
@@ -186,6 +201,17 @@ class LaunchConfig:
     stages: tuple = ()
     BK: int = _E_ROWS
     R: int = 1
+    kv: tuple = ()
+
+    def kv_tiles(self) -> tuple[int, int]:
+        """(BKT, BQ) of the backward's key-parallel kernel: keys per program and queries per
+        step (`kv`, else the whole block for both)."""
+        return tuple(self.kv[:2]) if self.kv else (self.BT, self.BT)
+
+    def kv_rows(self, BD: int) -> int:
+        """Rows of a multi-segment transition Pi the key-parallel kernel reads at a time
+        (`kv`, else `m_rows`)."""
+        return self.kv[2] if self.kv else self.m_rows(BD)
 
     def launch(self, kernel: str) -> tuple[int, int]:
         """(num_warps, num_stages) of `kernel`."""
@@ -201,8 +227,9 @@ class LaunchConfig:
         return min(BD, self.BK)
 
     def m_rows(self, BD: int) -> int:
-        """Rows of a segment transition M the forward reads at a time: all of them up to
-        BD = 64 (one product per segment crossed, no selection loop), else `e_rows`."""
+        """Rows of a segment transition the forward (M) and the backward's key-parallel
+        kernel (Pi) read at a time: all of them up to BD = 64 (one product per segment
+        crossed, no selection loop), else `e_rows`."""
         return BD if BD <= 64 else self.e_rows(BD)
 
 
@@ -296,8 +323,20 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
     # an SM: a second resident block hides load latency at no shared-memory cost
     fwd_stages = 2 if (block_size in table
                        and table[block_size][col + 1] <= shared_limit // 2) else 1
+    arch = 90 if interpreter or capability[0] >= 9 else 80
     return LaunchConfig(block_size, shared_limit, stages=(("fwd", fwd_stages),),
-                        R=reflections)
+                        R=reflections, kv=kv_tiles(arch, BD, dtype, block_size))
+
+
+def kv_tiles(arch: int, BD: int, dtype: torch.dtype, BT: int) -> tuple:
+    """`LaunchConfig.kv` on architecture `arch` (80 or 90) for padded head dim BD, inputs
+    of `dtype` and block length BT: (BKT, BQ) of `KV_TILES` capped at BT (whole blocks for
+    head dims it does not list) and the rows of Pi read at a time: all up to BD = 64, past
+    that 32, or 16 for float32 inputs (whose 3xTF32 operands take three times the shared
+    memory: 16 rows keep BD = 256 within an sm_86 / sm_89 card's 99 KiB)."""
+    kv = KV_TILES.get((arch, BD, dtype != torch.float32), (BT, BT))
+    rows = BD if BD <= 64 else 16 if dtype == torch.float32 else _E_ROWS
+    return (min(kv[0], BT), min(kv[1], BT), rows)
 
 
 def device_launch_config(D: int, Dv: int, dtype: torch.dtype, device: torch.device,

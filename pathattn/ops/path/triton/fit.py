@@ -44,9 +44,17 @@ from triton.backends.nvidia.compiler import (
 )
 from triton.compiler import ASTSource
 
-from . import bwd, fwd, segments, ut
+from . import bwd, bwd_kv, crossings, fwd, segments, ut
 from ._common import interpreting, reflection_tile, tile_kwargs, transition_dtype
-from .config import A100_SHARED, H100_SHARED, KERNELS, LaunchConfig, block_lengths, launch_config
+from .config import (
+    A100_SHARED,
+    H100_SHARED,
+    KERNELS,
+    LaunchConfig,
+    block_lengths,
+    kv_tiles,
+    launch_config,
+)
 
 __all__ = ["DEVICES", "Compiled", "KernelFit", "check", "compile_jit", "compile_kernel",
            "measure_shared_table"]
@@ -56,14 +64,15 @@ DEVICES = {"sm_80": (80, A100_SHARED), "sm_90": (90, H100_SHARED)}
 
 _KERNEL_FN = {"ut_fwd": ut._ut_fwd_kernel, "fwd": fwd._fwd_kernel,
               "seg": segments._seg_kernel, "seg_bwd": segments._seg_bwd_kernel,
-              "bwd": bwd._bwd_kernel, "ut_bwd": ut._ut_bwd_kernel}
+              "bwd": bwd._bwd_kernel, "ut_bwd": ut._ut_bwd_kernel,
+              "pi": crossings._pi_kernel, "bwd_kv": bwd_kv._bwd_kv_kernel}
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # pointers holding the caller's dtype, and those in the transitions' operand dtype
 # (`_common.transition_dtype`); every other pointer is a float32 work buffer
 _INPUT_PTRS = {"q_ptr", "k_ptr", "v_ptr", "w_ptr", "beta_ptr", "do_ptr", "o_ptr", "dq_ptr",
-               "dk_ptr", "dw_ptr", "dbeta_ptr", "kt_ptr", "vc_ptr", "ks_ptr"}
-_TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr", "ms_ptr"}
+               "dk_ptr", "dw_ptr", "dbeta_ptr", "kt_ptr", "vc_ptr", "ks_ptr", "ysd_ptr"}
+_TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr", "ms_ptr", "pi_ptr"}
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,7 @@ def _signature(fn, dtype: torch.dtype, gates: bool) -> tuple[dict, dict]:
             sig[name] = "constexpr"
         elif name == "g_ptr":
             sig[name] = "*fp64" if gates else "*fp32"
-        elif name in ("table_ptr", "slot_ptr"):
+        elif name in ("table_ptr", "slot_ptr", "pbase_ptr"):
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = "*" + (_TT[dtype] if name in _INPUT_PTRS else
@@ -136,11 +145,16 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
     prec = "tf32x3" if dtype == torch.float32 else "tf32"
     btr = reflection_tile(cfg.BT, cfg.R)
     c = {"BT": cfg.BT, "BD": tiles["BD"], "PREC": prec, "R": cfg.R, "BTR": btr}
-    if kernel in ("fwd", "bwd"):
+    if kernel in ("fwd", "bwd", "bwd_kv"):
         c.update(G=G, HAS_G=gates, BDV=tiles["BDV"], DT=_TL[dtype],
                  TDT=_TL[transition_dtype(dtype)], EMULATE=False)
-    if kernel in ("fwd", "bwd"):
-        c.update(BK=cfg.m_rows(tiles["BD"]) if kernel == "fwd" else cfg.e_rows(tiles["BD"]))
+    if kernel in ("fwd", "bwd", "bwd_kv", "pi"):
+        rows = {"fwd": cfg.m_rows, "bwd_kv": cfg.kv_rows}.get(kernel, cfg.e_rows)
+        c.update(BK=rows(tiles["BD"]))
+    if kernel == "bwd_kv":
+        c.update(zip(("BKT", "BQ"), cfg.kv_tiles(), strict=True))
+    if kernel == "pi":
+        c.update(BR=min(tiles["BD"], cfg.BT), TDT=_TL[transition_dtype(dtype)], EMULATE=False)
     if kernel in ("seg", "seg_bwd"):  # seg as the backward launches it (storing E)
         c.update(BR=min(tiles["BD"], cfg.BT), DT=_TL[dtype], TDT=_TL[transition_dtype(dtype)],
                  EMULATE=False, **({"STORE_E": True} if kernel == "seg" else {}))
@@ -148,7 +162,8 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
         c.update(LOG_BTR=btr.bit_length() - 1, BDV=tiles["BDV"])
     elif kernel == "ut_bwd":
         c.update(G=G)
-    return c
+    names = set(_KERNEL_FN[kernel].arg_names)
+    return {k: v for k, v in c.items() if k in names}
 
 
 def _shared_after_allocation(mod, capability: int, options) -> int:
@@ -273,9 +288,10 @@ def measure_shared_table(capability: int, reflections: int = 1, progress=None) -
     for BD in (16, 32, 64, 128, 256):
         table[BD] = {}
         for BT in block_lengths(reflections):
-            cfg = LaunchConfig(BT, 0, R=reflections)
             row = []
             for dtype in (torch.float32, torch.bfloat16):
+                cfg = LaunchConfig(BT, 0, R=reflections,
+                                   kv=kv_tiles(capability // 10 * 10, BD, dtype, BT))
                 peak = max(compile_kernel(k, BD, dtype, True, cfg, capability, G=G).shared
                            for k in KERNELS for G in launched_kernels(k))
                 fwd2 = compile_kernel("fwd", BD, dtype, True, cfg, capability,

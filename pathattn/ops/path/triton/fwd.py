@@ -128,7 +128,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
                 BDV: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
                 PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
                 BTR: tl.constexpr):
-    blk = tl.program_id(0)
+    blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
     t0 = tl.load(table_ptr + blk * 3)

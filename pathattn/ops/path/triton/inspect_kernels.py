@@ -225,14 +225,15 @@ def _blocks(insts: list[_Inst | str]) -> tuple[list[list[_Inst]], list[set[int]]
 @dataclass(frozen=True)
 class LoopInfo:
     """One natural loop: source line of its latch branch ("" without a line table), nesting
-    depth (1 = outermost), whether it nests no loop, and MMA instructions of its own and
-    static (see the module docstring)."""
+    depth (1 = outermost), whether it nests no loop, MMA instructions of its own and
+    static (see the module docstring), and atomics static (its nested loops' included)."""
 
     loc: str
     depth: int
     innermost: bool
     mma_own: int
     mma_static: int
+    atomics_static: int = 0
 
 
 def _loops(succ: list[set[int]]) -> list[tuple[int, set[int]]]:
@@ -303,6 +304,7 @@ def _loop_stats(insts, is_mma) -> tuple[list[LoopInfo], int, LoopInfo | None, li
     blocks, succ = _blocks(insts)
     loops = _loops(succ)
     mma = [sum(map(is_mma, (i.op for i in b))) for b in blocks]
+    atomic = [sum(i.op.startswith(("atom.", "red.", "ATOM", "RED")) for i in b) for b in blocks]
     infos = []
     for h, body in loops:
         inner = [other for g, other in loops if g != h and g in body]
@@ -311,7 +313,8 @@ def _loop_stats(insts, is_mma) -> tuple[list[LoopInfo], int, LoopInfo | None, li
         latches = [b for b in body if h in succ[b] and blocks[b]]
         locs = [blocks[b][-1].loc for b in latches if blocks[b][-1].loc]
         infos.append(LoopInfo(min(locs, default=""), depth, not inner,
-                              sum(mma[b] for b in own), sum(mma[b] for b in body)))
+                              sum(mma[b] for b in own), sum(mma[b] for b in body),
+                              sum(atomic[b] for b in body)))
     in_loops = frozenset().union(*(body for _, body in loops))
     pair = max(infos, key=lambda x: (x.mma_own, x.mma_static), default=None)
     return infos, sum(mma), pair if pair and pair.mma_static else None, blocks, in_loops

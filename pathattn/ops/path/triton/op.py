@@ -31,6 +31,7 @@ from ..validation import check_path_attn_inputs
 from ._common import block_table, interpreting, tile_kwargs, transition_dtype
 from .bwd import bwd_scan
 from .config import device_launch_config
+from .crossings import segment_pairs
 from .fwd import fwd_scan
 from .segments import segment_keys, segment_slots
 from .ut import ut_bwd, ut_fwd
@@ -92,9 +93,11 @@ def _gate_grad(dG, B, T, cu_seqlens):
                            row_length=T if cu_seqlens is None else None)
 
 
-def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens):
+def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens, pairs: bool = False):
     """Block table, segment length (about sqrt of the blocks per sequence unless given) with
-    the segment slots and their number (`segments.segment_slots`), float32 product
+    the segment slots and their number (`segments.segment_slots`), with `pairs` the pair
+    bases and rows of the multi-segment transitions (`crossings.segment_pairs`; else
+    None), float32 product
     precision (3xTF32 for float32 inputs: tensor cores at about float32 accuracy), the
     triton dtypes of the inputs and of the transitions' operands,
     interpreter flag, and the launch configuration (num_warps / num_stages per kernel) of
@@ -103,11 +106,12 @@ def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens):
     seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
     n_seq = B if cu_seqlens is None else cu_seqlens.numel() - 1
     slots = segment_slots(table, seg, block_size, n_seq)
+    pairs = segment_pairs(table, seg, block_size, n_max) if pairs else None
     prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size,
                                _reflections(w))
     tdt = _TL_DTYPE[transition_dtype(q.dtype)]
-    return table, seg, slots, prec, _TL_DTYPE[q.dtype], tdt, interpreting(), cfg
+    return table, seg, slots, pairs, prec, _TL_DTYPE[q.dtype], tdt, interpreting(), cfg
 
 
 def _reflections(w: torch.Tensor) -> int:
@@ -124,7 +128,7 @@ def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
                              torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, T, HQ, D = q.shape
     Dv = v.shape[-1]
-    table, seg, (slots, n_slots), prec, dt, tdt, emulate, cfg = _setup(
+    table, seg, (slots, n_slots), _, prec, dt, tdt, emulate, cfg = _setup(
         q, v, w, block_size, seg, B, T, cu_seqlens)
     tiles = tile_kwargs(D, Dv)
     BD = tiles["BD"]
@@ -171,8 +175,8 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     is an empty tensor when g is None."""
     B, T, HQ, D = q.shape
     H, Dv = k.shape[2], v.shape[-1]
-    table, seg, (slots, n_slots), prec, dt, tdt, emulate, cfg = _setup(
-        q, v, w, block_size, seg, B, T, cu_seqlens)
+    table, seg, (slots, n_slots), pairs, prec, dt, tdt, emulate, cfg = _setup(
+        q, v, w, block_size, seg, B, T, cu_seqlens, pairs=True)
     tiles = tile_kwargs(D, Dv)
     BD, BDV = tiles["BD"], tiles["BDV"]
     qf, kf = _flat(q), _flat(k)
@@ -182,11 +186,13 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     lsef = _flat(lse)
     delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
     dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vc, wt, u, kt, m, G, dof, lsef, delta,
-                                              table, slots, n_slots, scale, seg,
+                                              table, slots, n_slots, pairs, scale, seg,
                                               block_size, BD, BDV, dt,
                                               tdt, prec, emulate, cfg.e_rows(BD),
-                                              cfg.launch_kwargs("bwd"),
-                                              cfg.launch_kwargs("seg"))
+                                              cfg.kv_rows(BD), cfg.launch_kwargs("bwd"),
+                                              cfg.launch_kwargs("seg"),
+                                              cfg.launch_kwargs("bwd_kv"),
+                                              cfg.kv_tiles())
     dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, xinv, dqt, dsd, dkt, du, dwp, table, scale,
                                block_size, BD, prec, cfg.launch_kwargs("ut_bwd"))
     dg = (q.new_empty(0) if g is None

@@ -39,10 +39,12 @@ pytestmark = pytest.mark.slow  # ptxas in two child processes, about a minute
 # id -> (device, D, gates, R, kernels); bfloat16, GQA group 1, the launcher's block size
 CASES = {
     "sm90-D64-gates-R1": ("sm_90", 64, True, 1, KERNELS),
-    "sm80-D64-R1": ("sm_80", 64, False, 1, ("fwd", "bwd")),
+    "sm80-D64-R1": ("sm_80", 64, False, 1, ("fwd", "bwd", "bwd_kv")),
     "sm90-D128-R2": ("sm_90", 128, False, 2, ("fwd", "ut_fwd")),
 }
-SCAN_KERNELS = ("fwd", "bwd")  # one program per query block walking the key blocks
+# one program per query block walking the key blocks, or (bwd_kv) per key block walking
+# the query blocks of later segments
+SCAN_KERNELS = ("fwd", "bwd", "bwd_kv")
 
 # (b) spills go to local memory (L1 / L2) on every use; the goal is none. Raise a kernel's
 # bound only with a measurement showing its spills are off the key-block loop.
@@ -55,8 +57,11 @@ MIN_BLOCKS_PER_SM = 2
 # (.) x, g U^T, (.) W, and the state x rebuilt from a segment product (12). A tf32 product
 # counts twice (K = 8 per instruction instead of 16, at half the rate). These are the loops
 # over the blocks of the query's own segment, the most expensive; the blocks of earlier
-# segments are plain attention (forward 2 products, backward 5; `segments.py`).
-PRODUCTS_PER_BLOCK_PAIR = {"fwd": 4, "bwd": 12}
+# segments are plain attention (forward 2 products; backward 3 in the query kernel, S,
+# dO V^T, dS Ks, and FlashAttention-2's 4 in the key kernel bwd_kv, S^T, P^T dO, V dO^T,
+# dS^T y: `EARLIER_SEGMENT_PRODUCTS`, `bwd_kv.py`).
+PRODUCTS_PER_BLOCK_PAIR = {"fwd": 4, "bwd": 12, "bwd_kv": 4}
+EARLIER_SEGMENT_PRODUCTS = 3  # bwd's loop over an earlier segment's blocks, no atomics
 # instructions per 64 x 64 x 64 product, 4 warps: sm_90 one m64n64k16 wgmma per 16 of K;
 # sm_80 per warp (16 rows) 8 m16n8k16 mma.sync per 16 of K
 MMA_PER_PRODUCT = {90: 4, 80: 32}
@@ -150,7 +155,7 @@ mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 print(json.dumps(mod._compile_jobs(json.loads(sys.argv[2]))))
 """
-_COST = {"bwd": 10, "ut_bwd": 8, "ut_fwd": 6, "fwd": 3}  # rough compile seconds; others 1
+_COST = {"bwd": 10, "ut_bwd": 8, "ut_fwd": 6, "fwd": 3, "bwd_kv": 3}  # rough seconds; others 1
 
 
 def _compile_all() -> dict[str, ik.KernelReport]:
@@ -242,6 +247,27 @@ def test_mma_per_block_pair(reports, case, kernel):
         assert r.sass_mma_per_block_pair <= cap
 
 
+def _earlier_segment_loop(r: ik.KernelReport) -> ik.LoopInfo:
+    """bwd's loop over the blocks of an earlier segment, found by its source line."""
+    src = (ROOT / "pathattn/ops/path/triton/bwd.py").read_text().splitlines()
+    line = next(i + 1 for i, t in enumerate(src) if "for j in range(0, SEG):" in t)
+    return next(x for x in r.loops if x.loc == f"bwd.py:{line}")
+
+
+@pytest.mark.parametrize("case", [c for c, (*_, ks) in CASES.items() if "bwd" in ks])
+def test_no_atomics_in_the_block_pairs_of_earlier_segments(reports, case):
+    """The T^2 part of the backward: the query kernel meets an earlier segment's block with
+    3 products and no atomic, and the key kernel sums dK and dV in registers (no atomic
+    anywhere); atomics remain only per segment crossed and in the own segment's loop."""
+    loop = _earlier_segment_loop(reports[f"{case}/bwd"])
+    assert loop.atomics_static == 0
+    if CASES[case][0] == "sm_90" and CASES[case][1] == 64:
+        assert loop.mma_static == EARLIER_SEGMENT_PRODUCTS * MMA_PER_PRODUCT[90]
+    kv = reports.get(f"{case}/bwd_kv")
+    if kv is not None:
+        assert kv.atomics_in_loops == {} and kv.atomics_outside_loops == {}
+
+
 def test_every_kernel_is_compiled():
     assert {k for *_, kernels in CASES.values() for k in kernels} == set(KERNELS)
     assert {c[0] for c in CASES.values()} == {"sm_80", "sm_90"}
@@ -318,6 +344,7 @@ def test_ptx_loops_atomics_fences_and_mma():
     assert (r.mma_total, r.mma_per_block_pair, r.pair_loop) == (1, 1, "probe.py:7")
     assert sorted((x.depth, x.innermost, x.mma_own) for x in r.loops) == [
         (1, False, 1), (2, True, 0), (2, True, 0)]
+    assert sorted((x.depth, x.atomics_static) for x in r.loops) == [(1, 1), (2, 0), (2, 0)]
     assert ik.ordered_atomics_in_loops(r) == ["1 x atom.global.gpu.acq_rel.add.f32",
                                               "1 x memory fence"]
     relaxed = _PTX.replace("acq_rel", "relaxed").replace("membar.gl;", "")

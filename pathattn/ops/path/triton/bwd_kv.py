@@ -1,0 +1,130 @@
+"""Key-parallel part of the backward: the gradients that the block pairs of different
+segments send to the keys and values, without atomics.
+
+One program per (key block c, query head). The query blocks of later segments meet c as
+plain attention (`segments.py`): a query block of segment p with state ys entering segment
+p - 1 (`bwd.py` stores it) sees c, of segment s < p, through the keys moved to the end of
+segment p - 1, K' = Ks_c Pi_{p-1,s}^T (`crossings.py`), with logits S = ys K'^T. The
+program walks the later segments left to right, forms K' once per segment, and for each of
+the segment's query blocks runs FlashAttention-2's key-side step on the transposed logits:
+
+    S^T = K' ys^T,  P^T = exp(S^T - lse),  dV += P^T dO,  dP^T = V dO^T,
+    dS^T = P^T * (dP^T - delta),  dK' += dS^T ys
+
+(four products per block pair, dV and dK' in registers), then returns dK' to the segment
+keys, dKs += dK' Pi_{p-1,s}. The M_s inside Pi get their gradient from the query side
+(`bwd.py`), so nothing else flows back here. Gates: the logits hold G_i - G_j, and the
+keys' share of dL/dG, minus the column sums of dS, is added to the program's own rows.
+
+Writes dks and dv per query head ([N, HQ, D], [N, HQ, Dv] float32, every row; `bwd_scan`
+sums a key head's query heads) and subtracts the column sums from dG [N, HQ] in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import block_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
+from .crossings import pair_index, times_et
+from .segments import times_e
+
+__all__ = ["launch_bwd_kv"]
+
+
+@triton.jit
+def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ysd_ptr, do_ptr, lse_ptr,
+                   delta_ptr, dks_ptr, dv_ptr, dgate_ptr, table_ptr, SEG, HQ, H, D, DV,
+                   G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
+                   BQ: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr,
+                   DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+    blk = tl.program_id(0) // (BT // BKT)  # BKT of the block's keys per program
+    hq = tl.program_id(1)
+    h = hq // G
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    k0 = t0 + tl.program_id(0) % (BT // BKT) * BKT
+    if k0 >= s1:  # an empty row of the table, or past the sequence's end
+        return
+    rows = k0 + tl.arange(0, BKT)
+    rmask = rows < s1
+    cq = tl.arange(0, BQ)
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    vcols = tl.arange(0, BDV)
+    vmask = vcols < DV
+    n_blk = (s1 - s0 + BT - 1) // BT
+    n_seg = (n_blk + SEG - 1) // SEG
+    s = (t0 - s0) // BT // SEG  # this key block's segment
+    base = tl.load(pbase_ptr + blk)
+    dV = tl.zeros([BKT, BDV], dtype=tl.float32)
+    dcol = tl.zeros([BKT], dtype=tl.float32)
+    V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
+    gk = tl.zeros([BKT], dtype=tl.float64)  # the keys' cumulative gates
+    if HAS_G:
+        gk = tl.load(g_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
+    # dKs waits in its own rows of dks between segments (one fewer tile in registers)
+    kmask = rmask[:, None] & cmask[None, :]
+    dks_ptrs = tile_ptrs(dks_ptr, rows, HQ * D, hq * D, cols)
+    tl.store(dks_ptrs, tl.zeros([BKT, BD], dtype=tl.float32), mask=kmask)
+    for p in range(s + 1, n_seg):  # later segments, left to right: K' = Ks Pi_{p-1,s}^T
+        Ks = load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask)
+        if p - 1 != s:  # K' in the operand dtype, as Ks (half the registers of float32)
+            Ks = times_et(Ks, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, BK, DT,
+                          PREC, EMULATE).to(DT)
+        dK = tl.zeros([BKT, BD], dtype=tl.float32)
+        q0 = s0 + p * SEG * BT  # the segment's queries, BQ at a time
+        for j in range(0, (tl.minimum(q0 + SEG * BT, s1) - q0 + BQ - 1) // BQ):
+            ta = q0 + j * BQ
+            qrows = ta + cq
+            qmask = qrows < s1
+            Y = tl.load(block_ptrs(ysd_ptr, ta, cq, HQ * D, hq * D, cols),
+                        mask=qmask[:, None] & cmask[None, :], other=0.0)
+            dO = tl.load(block_ptrs(do_ptr, ta, cq, HQ * DV, hq * DV, vcols),
+                         mask=qmask[:, None] & vmask[None, :], other=0.0)
+            lse = tl.load(lse_ptr + row_offsets(qrows, HQ, hq), mask=qmask,
+                          other=float("inf"))  # P = 0 for the rows past the sequence
+            delta = tl.load(delta_ptr + row_offsets(qrows, HQ, hq), mask=qmask, other=0.0)
+            ST = mm_lp(Ks, tl.trans(Y), DT, PREC, EMULATE)  # [BKT keys, BQ queries]
+            if HAS_G:  # G_i - G_j formed in float64, then rounded (as the forward did)
+                gq = tl.load(g_ptr + row_offsets(qrows, HQ, hq), mask=qmask, other=0.0)
+                ST += (gq[None, :] - gk[:, None]).to(tl.float32)
+            PT = tl.exp(ST - lse[None, :])
+            dV += mm_lp(PT, dO, DT, PREC, EMULATE)
+            dST = PT * (mm_lp(V, tl.trans(dO), DT, PREC, EMULATE) - delta[None, :])
+            dK += mm_lp(dST, Y, DT, PREC, EMULATE)
+            if HAS_G:
+                dcol += tl.sum(dST, axis=1)
+        if p - 1 != s:
+            dK = times_e(dK, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, BK, PREC, DT,
+                         EMULATE)
+        tl.store(dks_ptrs, tl.load(dks_ptrs, mask=kmask, other=0.0) + dK, mask=kmask)
+    tl.store(tile_ptrs(dv_ptr, rows, HQ * DV, hq * DV, vcols), dV,
+             mask=rmask[:, None] & vmask[None, :])
+    if HAS_G:  # this program owns its rows of dG for hq: the query kernel's adds are done
+        gptrs = dgate_ptr + row_offsets(rows, HQ, hq)
+        tl.store(gptrs, tl.load(gptrs, mask=rmask, other=0.0) - dcol, mask=rmask)
+
+
+def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, table, seg: int, BT: int,
+                  BD: int, BDV: int, BK: int, dt, prec: str, emulate: bool,
+                  tiles: tuple[int, int] | None = None, launch: dict | None = None):
+    """dks [N, HQ, D] and dv [N, HQ, Dv] (float32) of the module docstring; subtracts the
+    keys' column sums from dG [N, HQ] in place (when G, the float64 cumulative gates, is
+    given). ks [N, H, D], v [N, H, Dv], ys [N, HQ, D] and do [N, HQ, Dv] (the inputs'
+    dtype), lse and
+    delta [N, HQ] float32; pi and pbase of `crossings`. tiles: (BKT, BQ), the keys per
+    program and the queries per step (powers of two dividing BT; default (BT, BT))."""
+    N, H, D = ks.shape
+    HQ, Dv = do.shape[1], v.shape[-1]
+    dks = torch.empty(N, HQ, D, dtype=torch.float32, device=ks.device)
+    dv = torch.empty(N, HQ, Dv, dtype=torch.float32, device=ks.device)
+    BKT, BQ = tiles or (BT, BT)
+    _bwd_kv_kernel[(table.shape[0] * (BT // BKT), HQ)](
+        ks, v, pi, pbase, G if G is not None else lse, ys, do, lse, delta, dks, dv,
+        dG if dG is not None else lse, table, seg, HQ, H, D, Dv, G=HQ // H,
+        HAS_G=G is not None, BT=BT, BKT=BKT, BQ=BQ, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
+        EMULATE=emulate, **(launch or {}))
+    return dks, dv

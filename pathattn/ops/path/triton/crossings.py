@@ -1,0 +1,115 @@
+"""Transitions across runs of whole segments, for the backward's key-parallel kernel.
+
+With the whole-segment transitions M_s of `segments.py` (row form: the state entering
+segment s from the right leaves it as y^(s-1) = y^(s) M_s), a query block of segment p
+whose state entering segment p - 1 is ys meets segment s < p as
+
+    y^(s) = ys Pi_{p-1,s},    Pi_{q,s} = M_q M_{q-1} ... M_{s+1}    (Pi_{s,s} = I)
+
+so the query kernel forms y^(s) with one product, and the key-parallel kernel moves a key
+block of segment s forward instead: S = ys (Ks Pi_{q,s}^T)^T, and the gradient of the
+moved keys returns as dKs += dK' Pi_{q,s}. Pi_{q,s} is stored for 0 <= s < q <= n_seg - 2
+(M_q exists for the crossed segments 1 .. n_seg - 2), at row `pair_base + q (q - 1) / 2 + s`
+of a [n_pairs, H, BD, BD] table in the transitions' operand dtype: O(T D^2 / BT) memory,
+as E. `_pi_kernel` fills it, one program per crossed segment q walking s downwards,
+Pi_{q,s} = Pi_{q,s+1} M_{s+1} (rows evolve independently, so each program takes
+min(BD, BT) rows).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import device_fn, e_offsets, mm_lp
+from .segments import times_e
+
+__all__ = ["segment_pairs", "segment_products", "pair_index", "times_et"]
+
+
+def segment_pairs(table: torch.Tensor, seg: int, BT: int, n_max: int
+                  ) -> tuple[torch.Tensor, int]:
+    """Row of each block's sequence's first Pi_{q,s} in the table of `segment_products`:
+    int32 [NB] (built on the device, no host read), and the number of rows to allocate, an
+    upper bound that needs no host read either: with n_i the blocks of sequence i, its
+    (n_seg - 1)(n_seg - 2) / 2 < (n_i / seg)^2 / 2 rows sum to at most
+    (n_max / seg) (NB / seg) / 2 (n_max bounds every n_i, NB the table's rows their sum)."""
+    t0, s0, s1 = table.long().unbind(1)
+    n_seg = ((s1 - s0 + BT - 1) // BT + seg - 1) // seg  # 0 on the table's empty rows
+    pairs = (n_seg - 1).clamp(min=0) * (n_seg - 2).clamp(min=0) // 2
+    first = (t0 == s0) & (t0 < s1)
+    through = torch.where(first, pairs, 0).cumsum(0)
+    base = through - torch.where(first, pairs, 0)
+    # a sequence's later blocks take the base of its first block (rows are consecutive)
+    first_row = torch.where(first, torch.arange(table.shape[0], device=table.device), 0)
+    first_row = first_row.cummax(0).values
+    bound = (n_max // seg + 1) * (table.shape[0] // seg + 1) // 2 + 1
+    return base[first_row].to(torch.int32), bound
+
+
+@device_fn
+def pair_index(base, q, s):
+    """Row of Pi_{q,s} (0 <= s < q) in the table, base the sequence's `segment_pairs`."""
+    return base + q * (q - 1) // 2 + s
+
+
+@triton.jit
+def _pi_kernel(ms_ptr, pi_ptr, slot_ptr, pbase_ptr, table_ptr, H, SEG, BT: tl.constexpr,
+               BD: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+               TDT: tl.constexpr, EMULATE: tl.constexpr):
+    blk = tl.program_id(0)  # the first block of a crossed segment q, else nothing to do
+    h = tl.program_id(1)
+    r0 = tl.program_id(2) * BR
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    if t0 >= s1:
+        return
+    c = (t0 - s0) // BT
+    q = c // SEG
+    n_seg = ((s1 - s0 + BT - 1) // BT + SEG - 1) // SEG
+    if (c % SEG != 0) | (q == 0) | (q > n_seg - 2):
+        return
+    cols = tl.arange(0, BD)
+    rr = r0 + tl.arange(0, BR)
+    slot0 = tl.load(slot_ptr + blk) - q  # slot of the sequence's segment 0
+    base = tl.load(pbase_ptr + blk)
+    P = tl.load(ms_ptr + e_offsets(slot0 + q, h, H, rr, cols, BD)).to(tl.float32)
+    tl.store(pi_ptr + e_offsets(pair_index(base, q, q - 1), h, H, rr, cols, BD), P)
+    for i in range(0, q - 1):  # s = q - 2, ..., 0
+        s = q - 2 - i
+        P = times_e(P, ms_ptr, slot0 + s + 1, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+        tl.store(pi_ptr + e_offsets(pair_index(base, q, s), h, H, rr, cols, BD), P)
+
+
+def segment_products(ms, table, slots, pbase, n_pairs: int, seg: int, BT: int, BD: int,
+                     BK: int, prec: str, tdt, emulate: bool, launch: dict | None = None):
+    """The table Pi [n_pairs, H, BD, BD] (ms's dtype) of the module docstring from the
+    whole-segment transitions ms [n_slots, H, BD, BD] (`segments.segment_keys`), their
+    slots and the pair bases of `segment_pairs`. BK: rows of M read at a time."""
+    H = ms.shape[1]
+    BR = min(BD, BT)
+    pi = torch.empty(max(n_pairs, 1), H, BD, BD, dtype=ms.dtype, device=ms.device)
+    _pi_kernel[(table.shape[0], H, BD // BR)](
+        ms, pi, slots, pbase, table, H, seg, BT=BT, BD=BD, BR=BR, BK=BK, PREC=prec, TDT=tdt,
+        EMULATE=emulate, **(launch or {}))
+    return pi
+
+
+@device_fn
+def times_et(y, e_ptr, row, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
+             DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """y E^T for E of row `row`, head h of a [*, H, BD, BD] table, over BK rows of E at a
+    time (the output's columns k0 .. k0 + BK - 1 are y E[k0:k0+BK]^T, placed with a 0/1
+    selection product, exact). Operands in DT, float32 accumulation."""
+    if BK == BD:
+        E = tl.load(e_ptr + e_offsets(row, h, H, cols, cols, BD))
+        return mm_lp(y, tl.trans(E), DT, PREC, EMULATE)
+    ck = tl.arange(0, BK)
+    out = tl.zeros(y.shape, dtype=tl.float32)
+    for k0 in range(0, BD, BK):
+        sel = tl.where(ck[:, None] + k0 == cols[None, :], 1.0, 0.0)  # [BK, BD]
+        Ek = tl.load(e_ptr + e_offsets(row, h, H, k0 + ck, cols, BD))  # [BK, BD]
+        out += mm_lp(mm_lp(y, tl.trans(Ek), DT, PREC, EMULATE), sel, DT, PREC, EMULATE)
+    return out

@@ -1,0 +1,40 @@
+"""The backward's key-parallel kernel (`bwd_kv.py`) with its key and query tiles shorter
+than the block (`config.KV_TILES`, chosen per device): forward and every gradient against
+the float64 reference, dense with GQA and gates, and packed. block_size=32 with one block
+per segment makes every pair of blocks but the diagonal ones go through it; the tiles of
+16 split both the keys of a block over two programs and the queries of a block over two
+steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pathattn.ops import path_attn_naive  # noqa: E402
+from pathattn.ops.path.triton import config  # noqa: E402
+from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
+
+from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads  # noqa: E402
+from .test_path_attn_triton import CU_70, F32_TOL, _on_device  # noqa: E402
+
+
+@pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)], ids=str)
+@pytest.mark.parametrize("B, T, HQ, H, gates, cu", [
+    pytest.param(2, 100, 4, 2, True, None, id="B2-GQA-gates"),
+    pytest.param(1, 70, 2, 1, False, CU_70, id="packed"),
+])
+def test_kv_tiles(monkeypatch, tiles, B, T, HQ, H, gates, cu):
+    D = 32
+    for arch in (80, 90):
+        monkeypatch.setitem(config.KV_TILES, (arch, D, False), tiles)
+    assert config.launch_config(D, D, torch.float32, None, 32).kv_tiles() == tiles
+    inputs = make_inputs(B, T, HQ, H, D, D, gates)
+    dout = make_dout(B, T, HQ, D)
+    cu_seqlens = None if cu is None else torch.tensor(cu)
+    ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, cu_seqlens=cu_seqlens,
+                          block_size=32, seg=1)
+    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
+                                                for x in inputs), dout, cu_seqlens=cu_seqlens)
+    assert_close_to_reference(ours, ref, F32_TOL)
