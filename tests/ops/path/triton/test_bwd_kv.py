@@ -20,10 +20,10 @@ from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_wi
 from .test_path_attn_triton import CU_70, F32_TOL, _on_device  # noqa: E402
 
 
-@pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)], ids=str)
-@pytest.mark.parametrize("B, T, HQ, H, gates, cu", [
-    pytest.param(2, 100, 4, 2, True, None, id="B2-GQA-gates"),
-    pytest.param(1, 70, 2, 1, False, CU_70, id="packed"),
+@pytest.mark.parametrize("tiles, B, T, HQ, H, gates, cu", [
+    pytest.param((16, 16), 2, 100, 4, 2, True, None, id="keys-and-queries-split-B2-GQA"),
+    pytest.param((32, 16), 1, 70, 2, 1, False, CU_70, id="queries-split-packed"),
+    pytest.param((16, 32), 1, 100, 2, 1, True, None, id="keys-split"),
 ])
 def test_kv_tiles(monkeypatch, tiles, B, T, HQ, H, gates, cu):
     D = 32
