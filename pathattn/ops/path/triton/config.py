@@ -1,9 +1,10 @@
 """Launch configuration of the Triton kernels: block length, num_warps and num_stages.
 
-`launch_config` picks the largest block length whose eight kernels fit the device's shared
+`launch_config` picks the largest block length whose nine kernels fit the device's shared
 memory, from `SHARED_BYTES` (per architecture, measured by compiling every kernel ahead of
-time; `fit.measure_shared_table` remeasures it), and caps the UT tile at
-`MAX_REFLECTION_TILE` rows with several reflections per token. Without a CUDA device the
+time; `fit.measure_shared_table` remeasures it), at most `register_cap` (where longer
+blocks spill registers), and caps the UT tile at `MAX_REFLECTION_TILE` rows with several
+reflections per token. Without a CUDA device the
 H100 figures are used. The tables of block lengths picked, and why: docs/ops.md,
 "Triton launch configuration".
 """
@@ -17,9 +18,9 @@ import torch
 __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig",
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
-           "KV_TILES", "kv_tiles"]
+           "KV_TILES", "kv_tiles", "register_cap"]
 
-KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd")
+KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd")
 H100_SHARED = 232448  # bytes per block (opt-in maximum), sm_90
 A100_SHARED = 166912  # sm_80
 _E_ROWS = 32  # rows of a segment product E the backward scan reads at a time
@@ -31,56 +32,56 @@ MAX_REFLECTION_TILE = 64  # rows of a block's reflection tile the default block 
 SHARED_BYTES = {
     80: {
         16: {
-            64: (73728, 16896, 77824, 20480),
-            32: (20480, 8448, 24576, 6144),
-            16: (4096, 4224, 8192, 2048),
+            64: (65536, 16896, 69632, 20480),
+            32: (16384, 8448, 22528, 6144),
+            16: (4096, 4224, 7168, 2048),
         },
         32: {
-            64: (81920, 33280, 90112, 24576),
-            32: (24576, 16640, 32768, 12288),
-            16: (12288, 12416, 13312, 5120),
+            64: (65536, 33280, 81920, 24576),
+            32: (16384, 16640, 28672, 12288),
+            16: (12288, 12416, 10240, 5120),
         },
         64: {
-            64: (98304, 66048, 131072, 49152),
-            32: (45056, 49408, 49152, 20480),
-            16: (24576, 24704, 21504, 10240),
+            64: (65536, 66048, 114688, 49152),
+            32: (40960, 49408, 40960, 20480),
+            16: (24576, 24704, 16384, 10240),
         },
         128: {
-            64: (180224, 197120, 188416, 81920),
-            32: (86016, 98560, 81920, 40960),
-            16: (49152, 49280, 37888, 20480),
+            64: (147456, 197120, 155648, 81920),
+            32: (81920, 98560, 65536, 40960),
+            16: (49152, 49280, 28672, 20480),
         },
         256: {
-            64: (344064, 393728, 319488, 163840),
-            32: (167936, 196864, 147456, 81920),
-            16: (98304, 98432, 72704, 40960),
+            64: (294912, 393728, 253952, 163840),
+            32: (163840, 196864, 114688, 81920),
+            16: (98304, 98432, 53248, 40960),
         },
     },
     90: {
         16: {
-            64: (139264, 32768, 143360, 43008),
-            32: (20480, 8448, 24576, 6144),
-            16: (4096, 4224, 8192, 2048),
+            64: (73728, 32768, 94208, 43008),
+            32: (16384, 8448, 22528, 6144),
+            16: (4096, 4224, 7168, 2048),
         },
         32: {
-            64: (180224, 49664, 172032, 69632),
-            32: (24576, 16640, 32768, 12288),
-            16: (12288, 12416, 13312, 5120),
+            64: (81920, 49664, 122880, 69632),
+            32: (16384, 16640, 28672, 12288),
+            16: (12288, 12416, 10240, 5120),
         },
         64: {
-            64: (262144, 98816, 229376, 122880),
-            32: (45056, 49408, 49152, 20480),
-            16: (24576, 24704, 21504, 10240),
+            64: (98304, 98816, 180224, 122880),
+            32: (40960, 49408, 40960, 20480),
+            16: (24576, 24704, 16384, 10240),
         },
         128: {
-            64: (458752, 197120, 360448, 229376),
-            32: (86016, 98560, 81920, 40960),
-            16: (49152, 49280, 37888, 20480),
+            64: (196608, 197120, 311296, 229376),
+            32: (81920, 98560, 65536, 40960),
+            16: (49152, 49280, 28672, 20480),
         },
         256: {
-            64: (851968, 393728, 622592, 442368),
-            32: (167936, 196864, 147456, 81920),
-            16: (98304, 98432, 72704, 40960),
+            64: (393216, 393728, 573440, 442368),
+            32: (163840, 196864, 114688, 81920),
+            16: (98304, 98432, 53248, 40960),
         },
     },
 }
@@ -97,41 +98,41 @@ SHARED_BYTES_REFLECTIONS = {
             },
             32: {
                 32: (65536, 24832, 40960, 16384),
-                16: (16384, 16512, 16384, 7168),
+                16: (12288, 16512, 13312, 7168),
             },
             64: {
-                32: (65536, 65792, 61440, 28672),
-                16: (26624, 32896, 26624, 14336),
+                32: (40960, 65792, 53248, 28672),
+                16: (24576, 32896, 21504, 14336),
             },
             128: {
-                32: (106496, 131328, 102400, 57344),
-                16: (51200, 65664, 47104, 28672),
+                32: (81920, 131328, 86016, 57344),
+                16: (49152, 65664, 37888, 28672),
             },
             256: {
-                32: (204800, 262400, 184320, 114688),
-                16: (100352, 131200, 90112, 57344),
+                32: (163840, 262400, 151552, 114688),
+                16: (98304, 131200, 70656, 57344),
             },
         },
         90: {
             16: {
-                32: (65536, 12544, 88064, 10240),
+                32: (65536, 12544, 71680, 10240),
                 16: (16384, 6272, 10240, 3072),
             },
             32: {
-                32: (81920, 24832, 110592, 16384),
-                16: (16384, 16512, 16384, 7168),
+                32: (65536, 24832, 90112, 16384),
+                16: (12288, 16512, 13312, 7168),
             },
             64: {
-                32: (139264, 65792, 155648, 28672),
-                16: (26624, 32896, 26624, 14336),
+                32: (65536, 65792, 139264, 28672),
+                16: (24576, 32896, 21504, 14336),
             },
             128: {
-                32: (270336, 131328, 245760, 57344),
-                16: (51200, 65664, 47104, 28672),
+                32: (98304, 131328, 229376, 57344),
+                16: (49152, 65664, 37888, 28672),
             },
             256: {
-                32: (532480, 262400, 425984, 114688),
-                16: (100352, 131200, 90112, 57344),
+                32: (196608, 262400, 417792, 114688),
+                16: (98304, 131200, 70656, 57344),
             },
         },
     },
@@ -141,33 +142,33 @@ SHARED_BYTES_REFLECTIONS = {
                 16: (65536, 10368, 36864, 5120),
             },
             32: {
-                16: (32768, 28800, 28672, 12288),
+                16: (32768, 28800, 24576, 12288),
             },
             64: {
-                16: (49152, 49280, 36864, 22528),
+                16: (34816, 49280, 32768, 22528),
             },
             128: {
-                16: (69632, 98432, 65536, 45056),
+                16: (81920, 98432, 56320, 45056),
             },
             256: {
-                16: (135168, 196736, 124928, 90112),
+                16: (163840, 196736, 105472, 90112),
             },
         },
         90: {
             16: {
-                16: (65536, 10368, 74752, 5120),
+                16: (65536, 10368, 67584, 5120),
             },
             32: {
-                16: (65536, 28800, 83968, 12288),
+                16: (65536, 28800, 79872, 12288),
             },
             64: {
-                16: (110592, 49280, 115712, 22528),
+                16: (65536, 49280, 122880, 22528),
             },
             128: {
-                16: (217088, 98432, 185344, 45056),
+                16: (98304, 98432, 200704, 45056),
             },
             256: {
-                16: (430080, 196736, 326656, 90112),
+                16: (196608, 196736, 364544, 90112),
             },
         },
     },
@@ -265,6 +266,20 @@ def block_lengths(R: int = 1) -> tuple[int, ...]:
     return tuple(bt for bt in (64, 32, 16) if bt * RP <= MAX_REFLECTION_TILE) or (16,)
 
 
+def register_cap(BD: int, dtype: torch.dtype, R: int = 1) -> int:
+    """Longest block the default picks for padded head dim BD, inputs of `dtype` and R
+    reflections per token, whatever the shared memory allows: past it the kernels' tiles
+    no longer fit the registers. 16 for R > 1 at BD >= 128; 32 at BD >= 128 and for float32
+    inputs (3xTF32 products) at BD >= 64, where 64-token blocks spill 4-24 KB per thread
+    and the float32 kernels of one step compile in over two minutes; 64 elsewhere. An
+    explicit block_size is not capped."""
+    if padded_reflections(R) > 1 and BD >= 128:
+        return 16
+    if BD >= 128 or (dtype == torch.float32 and BD >= 64):
+        return 32
+    return 64
+
+
 def _shared_table(arch: int, BD: int, R: int) -> dict:
     """Block length -> shared bytes (`SHARED_BYTES` layout) for R reflections per token."""
     RP = padded_reflections(R)
@@ -281,9 +296,10 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
     no limit, the interpreter; block lengths are then chosen as for an H100), a device of
     compute `capability` (major, minor) and `reflections` (R) reflections per token.
 
-    block_size None: the largest BT of `block_lengths(R)` that fits (see the module
-    docstring); an int: that BT, or a ValueError when its kernels do not fit (on a GPU,
-    block sizes not in the tables are not measured and are refused). Raises a ValueError
+    block_size None: the largest BT of `block_lengths(R)` that fits and is at most
+    `register_cap` (see the module docstring); an int: that BT, or a ValueError when its
+    kernels do not fit (on a GPU, block sizes not in the tables are not measured and are
+    refused). Raises a ValueError
     when no block length fits or the head dim exceeds 256.
     """
     BD = _padded(max(D, Dv))
@@ -302,7 +318,8 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
     def fits(bt: int) -> bool:  # the interpreter runs what the tables do not list
         return table[bt][col] <= shared_limit if bt in table else interpreter
 
-    fitting = [bt for bt in block_lengths(reflections) if fits(bt)]
+    cap = register_cap(BD, dtype, reflections)
+    fitting = [bt for bt in block_lengths(reflections) if fits(bt) and bt <= cap]
     if interpreter and not fitting:  # no limit: the shortest block, as on a GPU that fits it
         fitting = list(block_lengths(reflections)[-1:])
     largest = fitting[0] if fitting else None

@@ -65,7 +65,8 @@ DEVICES = {"sm_80": (80, A100_SHARED), "sm_90": (90, H100_SHARED)}
 _KERNEL_FN = {"ut_fwd": ut._ut_fwd_kernel, "fwd": fwd._fwd_kernel,
               "seg": segments._seg_kernel, "seg_bwd": segments._seg_bwd_kernel,
               "bwd": bwd._bwd_kernel, "ut_bwd": ut._ut_bwd_kernel,
-              "pi": crossings._pi_kernel, "bwd_kv": bwd_kv._bwd_kv_kernel}
+              "pi": crossings._pi_kernel, "bwd_kv": bwd_kv._bwd_kv_kernel,
+              "ut_bwd_q": ut._ut_bwd_q_kernel}
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # pointers holding the caller's dtype, and those in the transitions' operand dtype
@@ -160,7 +161,7 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
                  EMULATE=False, **({"STORE_E": True} if kernel == "seg" else {}))
     elif kernel == "ut_fwd":
         c.update(LOG_BTR=btr.bit_length() - 1, BDV=tiles["BDV"])
-    elif kernel == "ut_bwd":
+    elif kernel == "ut_bwd_q":
         c.update(G=G)
     names = set(_KERNEL_FN[kernel].arg_names)
     return {k: v for k, v in c.items() if k in names}
@@ -256,9 +257,9 @@ def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: La
 
 
 def launched_kernels(kernel: str) -> tuple[int, ...]:
-    """GQA groups G to compile a kernel for: the backward UT kernel loops over the G query
-    heads of a key head, and its loop (G > 1) needs more shared memory than G = 1."""
-    return (1, 2) if kernel == "ut_bwd" else (1,)
+    """GQA groups G to compile a kernel for: G = 1 only, as no kernel loops over the query
+    heads of a key head (G only maps a program's query head to its key head)."""
+    return (1,)
 
 
 def _kernel_groups() -> list[tuple[str, int]]:
@@ -282,7 +283,7 @@ def measure_shared_table(capability: int, reflections: int = 1, progress=None) -
     """`config.SHARED_BYTES[arch]` (reflections=1) or `config.SHARED_BYTES_REFLECTIONS[R]
     [arch]` (R > 1, a power of two) measured afresh: padded head dim -> block length ->
     (float32 peak, float32 forward with 2 stages, bfloat16 peak, bfloat16 forward with 2
-    stages), peaks over all kernels (GQA groups 1 and 2) with 1 stage, for the block lengths
+    stages), peaks over all kernels with 1 stage, for the block lengths
     the default may pick (`config.block_lengths`). progress(BD, BT, row) after each row."""
     table: dict = {}
     for BD in (16, 32, 64, 128, 256):

@@ -194,7 +194,8 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                                               cfg.launch_kwargs("bwd_kv"),
                                               cfg.kv_tiles())
     dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, xinv, dqt, dsd, dkt, du, dwp, table, scale,
-                               block_size, BD, prec, cfg.launch_kwargs("ut_bwd"))
+                               block_size, BD, prec, cfg.launch_kwargs("ut_bwd"),
+                               cfg.launch_kwargs("ut_bwd_q"))
     dg = (q.new_empty(0) if g is None
           else _gate_grad(dG, B, T, cu_seqlens).to(g.dtype).view(g.shape))
     dw, dbeta = _unflat_reflections(dw, dbeta, w, beta)

@@ -21,7 +21,10 @@ reflection's token; Q~, K~ and S have one row per token whatever R.
 S from them, and `ut_bwd` reuses X (the transform runs once per training step). `ut_bwd`
 takes the gradients of Q~, S (per query head), K~ and of the transitions (as dU
 and a direct dW term) and returns dq, dk, dw, dbeta by the chain rule through the formulas
-above (dX = -X^T dX X^T for the inverse).
+above (dX = -X^T dX X^T for the inverse), in two kernels: the query side per query head
+(`_ut_bwd_q_kernel`, which adds its share of the key head's dK, dM, dU, dW with relaxed
+atomics, G-way at most) and the key side per key head (`_ut_bwd_kernel`); one kernel
+holding both spilled heavily.
 """
 
 from __future__ import annotations
@@ -148,11 +151,62 @@ def ut_fwd(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor
     return u, kt, m, x, wt, vc
 
 
+@device_fn
+def _block_transform(W, K, b, X, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                     PREC: tl.constexpr):
+    """E, N (`_block_products`), A = X diag(beta), U = A W and M = A N of one block from
+    the forward's inverse X."""
+    E, N = _block_products(W, K, BT, R, BTR, PREC)
+    A = X * b[None, :]
+    return E, N, A, mm(A, W, PREC), mm(A, N, PREC)
+
+
 @triton.jit
-def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkt_ptr, du_ptr,
-                   dwp_ptr, dq_ptr, dk_ptr, dw_ptr, dbeta_ptr, table_ptr, scale, HQ, H, D,
-                   G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
-                   R: tl.constexpr, BTR: tl.constexpr):
+def _ut_bwd_q_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkq_ptr,
+                     dmq_ptr, du_ptr, dwp_ptr, dq_ptr, table_ptr, scale, HQ, H, D,
+                     G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+                     R: tl.constexpr, BTR: tl.constexpr):
+    hq = tl.program_id(1)
+    h = hq // G
+    rows, rmask, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
+    if not live:
+        return
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    cbt = tl.arange(0, BT)
+    cbr = tl.arange(0, BTR)
+    incl = cbt[:, None] >= reflection_tokens(R, BTR)[None, :]  # [BT, BTR]
+    W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
+    b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
+                               other=0.0).to(tl.float32))
+    X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)  # the forward's
+    _, _, _, U, M = _block_transform(W, K, b, X, BT, R, BTR, PREC)
+    Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
+    dQt = load_tile(dqt_ptr, rows, rmask, HQ * D, hq * D, cols, cmask)
+    dS = load_tile(dsd_ptr, rows, rmask, HQ * BT, hq * BT, cbt, cbt < BT)
+    QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)  # [BT, BTR]
+    dQW = tl.where(incl, -mm(dQt, tl.trans(U), PREC) - mm(dS, tl.trans(M), PREC), 0.0)
+    dQ = dQt + mm(dS, K, PREC) + mm(dQW, W, PREC)  # Q~ = Q - QW U;  S = Q K^T - QW M
+    tl.store(tile_ptrs(dq_ptr, rows, HQ * D, hq * D, cols), dQ * scale,
+             mask=rmask[:, None] & cmask[None, :])
+    # the key head's share, summed over its G query heads (relaxed: only atomicity needed)
+    kmask = rmask[:, None] & cmask[None, :]
+    wsmask = wmask[:, None] & cmask[None, :]
+    tl.atomic_add(tile_ptrs(dkq_ptr, rows, H * D, h * D, cols), mm(tl.trans(dS), Q, PREC),
+                  mask=kmask, sem="relaxed")
+    tl.atomic_add(tile_ptrs(du_ptr, wrows, H * D, h * D, cols),
+                  -mm(tl.trans(QW), dQt, PREC), mask=wsmask, sem="relaxed")
+    tl.atomic_add(tile_ptrs(dmq_ptr, wrows, H * BT, h * BT, cbt),
+                  -mm(tl.trans(QW), dS, PREC), mask=wmask[:, None], sem="relaxed")
+    tl.atomic_add(tile_ptrs(dwp_ptr, wrows, H * D, h * D, cols), mm(tl.trans(dQW), Q, PREC),
+                  mask=wsmask, sem="relaxed")
+
+
+@triton.jit
+def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, du_ptr,
+                   dwp_ptr, dk_ptr, dw_ptr, dbeta_ptr, table_ptr, H, D, BT: tl.constexpr,
+                   BD: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
     h = tl.program_id(1)
     rows, rmask, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
     if not live:
@@ -161,43 +215,23 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkt_p
     cmask = cols < D
     cbt = tl.arange(0, BT)
     cbr = tl.arange(0, BTR)
-    tok = reflection_tokens(R, BTR)  # [BTR]
-    incl = cbt[:, None] >= tok[None, :]  # [BT, BTR]
-    later = tok[:, None] > cbt[None, :]  # [BTR, BT]
+    later = reflection_tokens(R, BTR)[:, None] > cbt[None, :]  # [BTR, BT]
     strict = cbr[:, None] > cbr[None, :]  # [BTR, BTR]
     W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
     K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
     b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
                                other=0.0).to(tl.float32))
-    E, N = _block_products(W, K, BT, R, BTR, PREC)
     X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)  # the forward's
-    A = X * b[None, :]
-    U = mm(A, W, PREC)  # [BTR, BD]
-    M = mm(A, N, PREC)  # [BTR, BT]
-    # gradients reaching U, M, K, W from K~ and the transitions (scan side)
+    E, N, A, _, M = _block_transform(W, K, b, X, BT, R, BTR, PREC)
+    # gradients reaching U, M, K, W from K~, the transitions (scan side) and the query side
+    # (`_ut_bwd_q_kernel`: dK and dM in their own buffers, dU and dW added to du, dwp)
     dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
     dU = load_tile(du_ptr, wrows, wmask, H * D, h * D, cols, cmask)
     dW = load_tile(dwp_ptr, wrows, wmask, H * D, h * D, cols, cmask)
-    dK = dKt
-    dM = -mm(W, tl.trans(dKt), PREC)  # K~ = K - M^T W
+    dK = dKt + load_tile(dkq_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dM = (load_tile(dmq_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)
+          - mm(W, tl.trans(dKt), PREC))  # K~ = K - M^T W
     dW -= mm(M, dKt, PREC)
-    # query side, one query head of the group at a time
-    for gi in range(G):
-        hq = h * G + gi
-        Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
-        dQt = load_tile(dqt_ptr, rows, rmask, HQ * D, hq * D, cols, cmask)
-        dS = load_tile(dsd_ptr, rows, rmask, HQ * BT, hq * BT, cbt, cbt < BT)
-        QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)  # [BT, BTR]
-        dQ = dQt + mm(dS, K, PREC)  # Q~ = Q - QW U;  S = Q K^T - QW M
-        dK += mm(tl.trans(dS), Q, PREC)
-        dU -= mm(tl.trans(QW), dQt, PREC)
-        dM -= mm(tl.trans(QW), dS, PREC)
-        dQW = -mm(dQt, tl.trans(U), PREC) - mm(dS, tl.trans(M), PREC)
-        dQW = tl.where(incl, dQW, 0.0)
-        dQ += mm(dQW, W, PREC)
-        dW += mm(tl.trans(dQW), Q, PREC)
-        tl.store(tile_ptrs(dq_ptr, rows, HQ * D, hq * D, cols), dQ * scale,
-                 mask=rmask[:, None] & cmask[None, :])
     # U = A W, M = A N with N = later(W K^T)
     dA = mm(dU, tl.trans(W), PREC) + mm(dM, tl.trans(N), PREC)
     dW += mm(tl.trans(A), dU, PREC)
@@ -220,24 +254,31 @@ def _ut_bwd_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkt_p
 
 
 def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
-           prec: str, launch: dict | None = None):
+           prec: str, launch: dict | None = None, q_launch: dict | None = None):
     """Gradients of the UT inputs. q [N, HQ, D], k [N, H, D], w [N * R, H, D], beta
     [N * R, H] (inputs, R reflections per token), x the forward's inverses (`ut_fwd`);
     dqt [N, HQ, D] and dsd [N, HQ, BT] the gradients of Q~ and S per query head; dkt
     [N, H, D] that of K~, du and dwp [N * R, H, D] those of U and the direct W term of the
-    transitions (float32).
+    transitions (float32; du and dwp receive the query side's terms in place).
 
-    Returns dq, dk, dw, dbeta in the dtypes of q, k, w, beta.
+    Two kernels: the query side per query head (dq, and its share of the key head's
+    gradients), then the key side per key head. Returns dq, dk, dw, dbeta in the dtypes of
+    q, k, w, beta. launch / q_launch: num_warps / num_stages of the two.
     """
     N, HQ, D = q.shape
     H = k.shape[1]
     R = w.shape[0] // max(N, 1)
+    BTR = reflection_tile(BT, R)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dw = torch.empty_like(w)
     dbeta = torch.empty_like(beta)
+    dkq = torch.zeros(N, H, D, dtype=torch.float32, device=q.device)
+    dmq = torch.zeros(N * R, H, BT, dtype=torch.float32, device=q.device)
+    _ut_bwd_q_kernel[(table.shape[0], HQ)](
+        q, k, w, beta, x, dqt, dsd, dkq, dmq, du, dwp, dq, table, scale, HQ, H, D,
+        G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR, **(q_launch or {}))
     _ut_bwd_kernel[(table.shape[0], H)](
-        q, k, w, beta, x, dqt, dsd, dkt, du, dwp, dq, dk, dw, dbeta, table, scale, HQ, H, D,
-        G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=reflection_tile(BT, R),
-        **(launch or {}))
+        k, w, beta, x, dkq, dmq, dkt, du, dwp, dk, dw, dbeta, table, H, D, BT=BT, BD=BD,
+        PREC=prec, R=R, BTR=BTR, **(launch or {}))
     return dq, dk, dw, dbeta

@@ -33,6 +33,7 @@ from pathattn.ops.path.triton.config import (  # noqa: E402
     block_lengths,
     launch_config,
     padded_reflections,
+    register_cap,
 )
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -113,11 +114,16 @@ def test_launch_config_picks_a_fitting_block_size(D, dtype, R):
                 launch_config(D, D, dtype, limit, capability=cap, reflections=R)
             continue
         cfg = launch_config(D, D, dtype, limit, capability=cap, reflections=R)
+        BD = max(16, 1 << (D - 1).bit_length())
         assert cfg.R == R and row[cfg.BT][col] <= limit
-        larger = [bt for bt in (64, 32, 16) if bt > cfg.BT]
-        for bt in larger:
-            with pytest.raises(ValueError, match="block_size"):
-                launch_config(D, D, dtype, limit, bt, cap, R)
+        assert cfg.BT <= register_cap(BD, dtype, R)
+        for bt in [bt for bt in (64, 32, 16) if bt > cfg.BT]:  # refused where they do not fit
+            if bt in row and row[bt][col] <= limit:
+                assert launch_config(D, D, dtype, limit, bt, cap, R).BT == bt
+                assert bt > register_cap(BD, dtype, R) or bt not in block_lengths(R)
+            else:
+                with pytest.raises(ValueError, match="block_size"):
+                    launch_config(D, D, dtype, limit, bt, cap, R)
         assert launch_config(D, D, dtype, None, reflections=R).BT >= 16  # interpreter
 
 
