@@ -89,6 +89,17 @@ def _block_rows(table_ptr, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr)
     return rows, rows < s1, wrows, wmask, t0 < s1
 
 
+@device_fn
+def _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D, cols, cmask):
+    """W [BTR, BD], K [BT, BD] and beta [BTR] of one block and key head, in float32, their
+    non-finite entries read as 0."""
+    W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
+    b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
+                               other=0.0).to(tl.float32))
+    return W, K, b
+
+
 @triton.jit
 def _ut_fwd_kernel(k_ptr, v_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, x_ptr, wt_ptr, vc_ptr,
                    table_ptr, H, D, DV, BT: tl.constexpr, BD: tl.constexpr,
@@ -102,10 +113,8 @@ def _ut_fwd_kernel(k_ptr, v_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, x_ptr, w
     cmask = cols < D
     cbt = tl.arange(0, BT)
     cbr = tl.arange(0, BTR)
-    W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
-    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
-    b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
-                               other=0.0).to(tl.float32))
+    W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
+                            cols, cmask)
     E, N = _block_products(W, K, BT, R, BTR, PREC)
     strict = cbr[:, None] > cbr[None, :]
     X = _unit_lower_inverse(tl.where(strict, b[:, None] * E, 0.0), BTR, LOG_BTR, PREC)
@@ -176,10 +185,8 @@ def _ut_bwd_q_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkq
     cbt = tl.arange(0, BT)
     cbr = tl.arange(0, BTR)
     incl = cbt[:, None] >= reflection_tokens(R, BTR)[None, :]  # [BT, BTR]
-    W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
-    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
-    b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
-                               other=0.0).to(tl.float32))
+    W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
+                            cols, cmask)
     X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)  # the forward's
     _, _, _, U, M = _block_transform(W, K, b, X, BT, R, BTR, PREC)
     Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
@@ -217,10 +224,8 @@ def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, du_
     cbr = tl.arange(0, BTR)
     later = reflection_tokens(R, BTR)[:, None] > cbt[None, :]  # [BTR, BT]
     strict = cbr[:, None] > cbr[None, :]  # [BTR, BTR]
-    W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
-    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
-    b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
-                               other=0.0).to(tl.float32))
+    W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
+                            cols, cmask)
     X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)  # the forward's
     E, N, A, _, M = _block_transform(W, K, b, X, BT, R, BTR, PREC)
     # gradients reaching U, M, K, W from K~, the transitions (scan side) and the query side
