@@ -37,6 +37,8 @@ from _env import system_info
 from _gpu_fox import fox_kernels
 from _gpu_lm import generate, lm_commands
 from _gpu_sba import sba_kernels
+from _gpu_triage import child as triage_child
+from _gpu_triage import failed_variant, triage
 from torch.nn.attention import SDPBackend
 
 from pathattn import path_attn
@@ -54,8 +56,9 @@ LOW_FACTOR, LOW_SLACK = 2.0, 1e-5  # 16-bit: at most 2x plain PyTorch's error + 
 
 @dataclass(frozen=True)
 class Case:
-    """A correctness input: gates on, q [B, T, HQ, D], k / v / w with H heads, R reflections
-    per token, packed sequences `cu` (B = 1) or None; run in each of `dtypes`."""
+    """A correctness input: q [B, T, HQ, D], k / v / w with H heads, R reflections per
+    token, packed sequences `cu` (B = 1) or None, gates on or off; run in each of
+    `dtypes`."""
 
     name: str
     dtypes: tuple[str, ...]
@@ -66,6 +69,7 @@ class Case:
     D: int
     R: int = 1
     cu: tuple[int, ...] | None = None
+    gates: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,8 @@ FULL = Plan(
            Case("D128-GQA", ALL3, 2, 512, 4, 2, 128),
            Case("D256-GQA-packed", ("bf16", "fp32"), 1, 512, 4, 2, 256, cu=(0, 200, 512)),
            Case("R2-D64-GQA-packed", ("bf16", "fp32"), 1, 768, 4, 2, 64, R=2,
-                cu=(0, 1, 400, 768))),
+                cu=(0, 1, 400, 768)),
+           Case("D64-dense-nogates", ("bf16", "fp32"), 2, 1024, 2, 2, 64, gates=False)),
     seq_lens=(2048, 8192, 16384), tokens=32768, heads=16, dims=(64, 128), repeats=10,
     warmup=2, profile=(4, 8192, 16, 64), lm_preset="760m", lm_seq_len=4096, lm_batch=2,
     lm_types=LM_TYPES, lm_warmup=2, lm_steps=3)
@@ -115,7 +120,8 @@ SMOKE = Plan(
     device="cpu", first_call=(1, 16, 2, 1, 16), first_call_timeout=120.0,
     first_call_dtypes=("fp32",),
     cases=(Case("D16-GQA-packed", ("bf16", "fp32"), 1, 24, 2, 1, 16, cu=(0, 1, 10, 24)),
-           Case("R2-D16", ("fp32",), 2, 12, 2, 1, 16, R=2)),
+           Case("R2-D16", ("fp32",), 2, 12, 2, 1, 16, R=2),
+           Case("D16-dense-nogates", ("bf16",), 2, 40, 2, 2, 16, gates=False)),
     seq_lens=(16,), tokens=32, heads=2, dims=(16,), repeats=1, warmup=1,
     profile=(1, 16, 2, 16), lm_preset="tiny", lm_seq_len=32, lm_batch=2, lm_types=LM_TYPES,
     lm_warmup=1, lm_steps=1)
@@ -319,18 +325,28 @@ def first_call(ctx: Context, sec: dict) -> None:
 
 def _case_rows(ctx: Context, case: Case, dt: str) -> list[dict]:
     dtype, dev = DTYPES[dt], ctx.device
-    xs = path_inputs(case.B, case.T, case.HQ, case.H, case.D, torch.float32, True, dev, case.R)
-    xs = tuple(x.detach().to(dtype) for x in xs)  # all six in dtype: plain PyTorch's inputs
+    xs = path_inputs(case.B, case.T, case.HQ, case.H, case.D, torch.float32, case.gates, dev,
+                     case.R)
+    # all in dtype: plain PyTorch's inputs; g = None (no gates) is passed on as None
+    xs = tuple(None if x is None else x.detach().to(dtype) for x in xs)
     gen = torch.Generator(dev).manual_seed(1)
     dout = torch.randn(case.B, case.T, case.HQ, case.D, generator=gen, device=dev).to(dtype)
     cu = None if case.cu is None else torch.tensor(case.cu, dtype=torch.int32, device=dev)
+    n_in = 5 if xs[5] is None else 6
 
     def op(backend):
-        return lambda *a: path_attn(*a, cu_seqlens=cu, backend=backend)
+        return lambda *a: path_attn(*a[:5], g=a[5] if n_in == 6 else None, cu_seqlens=cu,
+                                    backend=backend)
 
+    def plain(*a):
+        return path_attn_naive(*a[:5], g=a[5] if n_in == 6 else None, cu_seqlens=cu,
+                               dtype=None)
+
+    xs = xs[:n_in]
     ref = grads(op("torch"), tuple(x.double() for x in xs), dout.double())
-    impls = {"triton": op("triton"), "plain": lambda *a: path_attn_naive(
-        *a, cu_seqlens=cu, dtype=None), "torch": op("torch"), "fla": op("fla")}
+    impls = {"triton": op("triton"), "plain": plain, "torch": op("torch"), "fla": op("fla")}
+    if dtype == torch.float32:  # the float32 rule is absolute: plain's error is not needed
+        del impls["plain"]
     rows, errs = [], {}
     for impl, fn in impls.items():
         row = {"case": case.name, "dtype": dt, "impl": impl}
@@ -347,15 +363,18 @@ def _case_rows(ctx: Context, case: Case, dt: str) -> list[dict]:
             rows.append(row | {"status": "error", "error": _short(e)})
             continue
         errs[impl] = [rel_err(a, b) for a, b in zip(got, ref, strict=True)]
-        rows.append(row | dict(zip(OUTPUTS, errs[impl], strict=True)))
+        rows.append(row | dict(zip(OUTPUTS, errs[impl], strict=False)))  # no dg: no gates
     plain = errs.get("plain")
     for row in rows:
         e = errs.get(row["impl"])
-        if row["impl"] in ("triton", "fla") and e is not None and plain is not None:
+        if row["impl"] not in ("triton", "fla") or e is None:
+            continue
+        if dtype == torch.float32:
+            row["ok"] = all(a <= F32_TOL for a in e)
+        elif plain is not None:
             row["worst_vs_plain"] = max(a / max(b, 1e-30) for a, b in zip(e, plain, strict=True))
-            row["ok"] = (all(a <= F32_TOL for a in e) if dtype == torch.float32 else
-                         all(a <= LOW_FACTOR * b + LOW_SLACK for a, b in zip(e, plain,
-                                                                             strict=True)))
+            row["ok"] = all(a <= LOW_FACTOR * b + LOW_SLACK for a, b in zip(e, plain,
+                                                                            strict=True))
     return rows
 
 
@@ -402,6 +421,10 @@ def speed(ctx: Context, sec: dict) -> None:
                     ctx.add_row(sec, row | {"status": "skipped (budget)"})
                     continue
                 names = ("fla", "path") if (T, D) in sdpa_done else ("sdpa", "fla", "path")
+                if failed_variant(ctx.report.data["sections"]["triage"], D, gates):
+                    # a fault would leave this process's CUDA context unusable
+                    names = tuple(n for n in names if n != "path")
+                    row["path_fwd_ms"] = "skipped (failed in triage)"
                 try:
                     cands = candidates(B, T, plan.heads, D, torch.bfloat16, gates, dev, fla,
                                        names, ctx.sdpa_backend)
@@ -415,7 +438,7 @@ def speed(ctx: Context, sec: dict) -> None:
                     elif name in cands:
                         row |= _measure(ctx, name, cands[name])
                     else:
-                        row[f"{name}_fwd_ms"] = "n/a"
+                        row.setdefault(f"{name}_fwd_ms", "n/a")
                 sdpa_done.setdefault((T, D), {k: v for k, v in row.items() if "sdpa" in k})
                 for base in ("fla", "sdpa"):
                     for m in ("fwd", "fwdbwd"):
@@ -499,6 +522,17 @@ def _lm_row(ctx: Context, attn: str) -> dict:
     return row
 
 
+def _lm_variant_failed(ctx: Context, attn: str) -> bool:
+    """Whether triage saw the PaTH kernels of this model's attention fail (head dim and GQA
+    group of the preset; path_fox has gates)."""
+    from pathattn.models import ModelConfig
+
+    cfg = ModelConfig.preset(ctx.plan.lm_preset, attn_type=attn)
+    G = cfg.num_attention_heads // cfg.kv_heads
+    return failed_variant(ctx.report.data["sections"]["triage"], cfg.head_size,
+                          attn == "path_fox", min(G, 2))
+
+
 def lm_step(ctx: Context, sec: dict) -> None:
     plan = ctx.plan
     sec["info"] = {"preset": plan.lm_preset, "T": plan.lm_seq_len, "B": plan.lm_batch,
@@ -508,6 +542,9 @@ def lm_step(ctx: Context, sec: dict) -> None:
     for attn in plan.lm_types:
         if ctx.expired():
             ctx.add_row(sec, {"attn": attn, "status": "skipped (budget)"})
+            continue
+        if attn in ("path", "path_fox") and _lm_variant_failed(ctx, attn):
+            ctx.add_row(sec, {"attn": attn, "status": "skipped (its kernels failed in triage)"})
             continue
         try:
             row = _lm_row(ctx, attn) | {"status": "ok"}
@@ -525,10 +562,16 @@ def lm_step(ctx: Context, sec: dict) -> None:
 
 # -------------------------------------------------------------------------------- run
 
-SECTIONS = {"environment": environment, "first_call": first_call, "correctness": correctness,
-            "speed": speed, "profile": profile, "lm_step": lm_step,
+SECTIONS = {"environment": environment, "first_call": first_call, "triage": triage,
+            "speed": speed, "lm_step": lm_step, "profile": profile, "correctness": correctness,
             "fox_kernels": fox_kernels, "sba_kernels": sba_kernels, "generate": generate,
             "lm_commands": lm_commands}
+
+
+def child_triage(args) -> int:
+    """In a subprocess: one case of the triage section (`_gpu_triage.child`)."""
+    mode = _mode(args)
+    return triage_child(mode, args.child_triage, PLANS[mode].device)
 
 
 def _mode(args) -> str:

@@ -9,12 +9,16 @@ left are recorded as skipped:
   first_call    seconds of the first forward + backward of path_attn(backend="triton") per
                 dtype at a small shape (compilation), each dtype in its own subprocess with
                 a timeout, the three side by side
-  correctness   relative errors of o and of every gradient against the float64 op, for the
-                Triton kernels, plain PyTorch at the same precision and fla
+  triage        every kernel variant (head dim, gates, GQA, dense / packed) once at a small
+                size, each in its own process with CUDA_LAUNCH_BLOCKING=1: which ones fault
+                and where (compute-sanitizer's memcheck on the smallest failing one), and
+                their errors against the float64 op (`_gpu_triage.py`)
   speed         forward and forward + backward ms of flash SDPA, fla and ours, ratios, peak
                 extra memory of forward + backward
-  profile       the top CUDA kernels of one forward + backward of ours and of fla's
   lm_step       step seconds of a 760M PaTHLM per attention type, ratio to rope
+  profile       the top CUDA kernels of one forward + backward of ours and of fla's
+  correctness   relative errors of o and of every gradient against the float64 op, for the
+                Triton kernels, plain PyTorch at the same precision and fla
   fox_kernels   FoX's gated FlashAttention kernels: errors against float64, ms against
                 flash SDPA and fla (`_gpu_fox.py`)
   sba_kernels   stick-breaking kernels: the same (`_gpu_sba.py`)
@@ -62,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--triton-cache", type=Path, default=None,
                    help="Triton cache folder to use (default: a fresh one, cold compiles)")
     p.add_argument("--child-first-call", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-triage", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -75,7 +80,7 @@ def prepare_env(args: argparse.Namespace) -> Path | None:
     path = os.environ.get("PYTHONPATH", "")
     if root not in path.split(os.pathsep):  # the first-call subprocesses import pathattn
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, path) if p)
-    if args.child_first_call is not None:
+    if args.child_first_call is not None or args.child_triage is not None:
         return None  # the parent's cache folder, inherited
     if args.triton_cache is not None:
         os.environ["TRITON_CACHE_DIR"] = str(args.triton_cache)
@@ -93,6 +98,8 @@ def main(argv=None) -> int:
 
     if args.child_first_call is not None:
         return sections.child_first_call(args)
+    if args.child_triage is not None:
+        return sections.child_triage(args)
     try:
         return sections.run(args, start)
     finally:

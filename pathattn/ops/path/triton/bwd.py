@@ -211,6 +211,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
     slot = tl.load(slot_ptr + blk) - sa  # slot of the sequence's segment 0
     base = tl.load(pbase_ptr + blk)
     for sc in range(0, sa):  # earlier segments, left to right
+        tl.debug_barrier()  # every thread has read the last segment's y before it is replaced
         y = tl.load(ytop_ptrs, mask=smask, other=0.0)
         if sc < sa - 1:  # across segments sa - 1, ..., sc + 1 at once: y Pi_{sa-1,sc}
             y = times_e(y, pi_ptr, pair_index(base, sa - 1, sc), h, H, cols, BD, BK, PREC,

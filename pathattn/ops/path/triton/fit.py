@@ -171,9 +171,15 @@ def _shared_after_allocation(mod, capability: int, options) -> int:
     """Run the head of `make_llir` up to shared-memory allocation; `ttg.shared` in bytes."""
     pm = ir.pass_manager(mod.context)
     passes.ttgpuir.add_combine_tensor_select_and_if(pm)
-    passes.ttgpuir.add_allocate_warp_groups(pm, False)
+    try:
+        passes.ttgpuir.add_allocate_warp_groups(pm, False)
+    except TypeError:  # triton <= 3.6 takes no flag
+        passes.ttgpuir.add_allocate_warp_groups(pm)
     passes.convert.add_scf_to_cf(pm)
-    passes.gluon.add_inliner(pm)
+    if hasattr(passes, "gluon"):
+        passes.gluon.add_inliner(pm)
+    else:  # triton <= 3.6
+        passes.common.add_inliner(pm)
     nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(
         pm, capability, get_ptx_version_from_options(options, capability))
     pm.run(mod, "pathattn_shared")

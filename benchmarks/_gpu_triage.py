@@ -1,0 +1,206 @@
+"""The `triage` section of gpu_check.py: every variant of the Triton PaTH kernels (head dim,
+gates on / off, GQA group 1 / 2, dense / packed) once, at a small size with several
+segments per sequence, each in its own process with CUDA_LAUNCH_BLOCKING=1.
+
+A fault in one variant then costs only its own process (a CUDA error leaves the context
+unusable), its traceback names the launch that faulted, and the other sections can skip
+the variants that failed (`failed_variant`). With a failure, the smallest failing case is
+run once more under compute-sanitizer's memcheck, which names the kernel, the source line
+and the address of the first bad access. Each row also gives the relative errors of o and
+of every gradient against the float64 op (`backend="torch"` on float64 copies).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "GPU_CHECK_TRIAGE "
+NAMES = ("o", "dq", "dk", "dv", "dw", "dbeta", "dg")
+
+
+@dataclass(frozen=True)
+class TriageCase:
+    """q [B, T, HQ, D] with H = 2 key heads and HQ = 2 G; packed: B = 1 and the sequence
+    lengths `lens` (sum T)."""
+
+    D: int
+    gates: bool
+    G: int
+    packed: bool
+    T: int
+    lens: tuple[int, ...] = (1, 700, 1347)
+
+    @property
+    def name(self) -> str:
+        return (f"D{self.D}-{'gates' if self.gates else 'nogates'}-G{self.G}-"
+                f"{'packed' if self.packed else 'dense'}")
+
+    @property
+    def B(self) -> int:
+        return 1 if self.packed else 2
+
+
+def cases(mode: str) -> list[TriageCase]:
+    """The variants of a mode: D 64 and 128 on a GPU (T = 1024 dense, 2048 packed: 4 to 6
+    segments per sequence; D 64 only with --quick), two D 16 cases at T = 64 on the CPU
+    smoke run."""
+    if mode == "cpu-smoke":  # two processes: gates, no GQA, dense; no gates, GQA, packed
+        return [TriageCase(16, True, 1, False, 64), TriageCase(16, False, 2, True, 64,
+                                                               (1, 20, 43))]
+    dims = (64,) if mode == "quick" else (64, 128)
+    return [TriageCase(D, gates, G, packed, 2048 if packed else 1024)
+            for D in dims for gates in (True, False) for G in (1, 2) for packed in (False, True)]
+
+
+def variant(D: int, gates: bool, G: int, packed: bool) -> str:
+    return TriageCase(D, gates, G, packed, 0).name
+
+
+def failed_variant(sec: dict, D: int, gates: bool, G: int = 1, packed: bool = False) -> bool:
+    """Whether the triage rows `sec` hold a failure of this variant."""
+    name = variant(D, gates, G, packed)
+    return any(r.get("case") == name and r.get("status") != "ok" for r in sec.get("rows", []))
+
+
+def _case_by_name(mode: str, name: str) -> TriageCase:
+    for c in cases(mode):
+        if c.name == name:
+            return c
+    raise ValueError(f"no triage case {name!r} in mode {mode!r}")
+
+
+def child(mode: str, name: str, device: str) -> int:
+    """In a subprocess: the case's forward + backward on the Triton kernels (bf16) and on the
+    float64 op; prints one MARK line of JSON (errors, or the failure and where it was)."""
+    from _attn_gpu import path_inputs, rel_err, sync
+
+    from pathattn import path_attn
+
+    c = _case_by_name(mode, name)
+    dev = torch.device(device)
+    out: dict = {}
+    try:
+        xs = path_inputs(c.B, c.T, 2 * c.G, 2, c.D, torch.bfloat16, c.gates, dev)
+        xs = [x for x in xs if x is not None]
+        gen = torch.Generator(dev).manual_seed(1)
+        dout = torch.randn(c.B, c.T, 2 * c.G, c.D, generator=gen, device=dev)
+        cu = None
+        if c.packed:
+            cu = torch.tensor([0, *torch.tensor(c.lens).cumsum(0).tolist()], device=dev,
+                              dtype=torch.int32)
+
+        def run(backend, double):
+            leaves = [(x.detach().double() if double else x.detach().clone()).requires_grad_()
+                      for x in xs]
+            o = path_attn(*leaves, cu_seqlens=cu, backend=backend)
+            gr = torch.autograd.grad(o, leaves, dout.to(o.dtype), materialize_grads=True)
+            sync(dev)
+            return [o, *gr]
+
+        t0 = time.perf_counter()
+        got = run("triton", False)
+        out["triton_s"] = time.perf_counter() - t0
+        ref = run("torch", True)
+        out |= {n: rel_err(a, b) for n, a, b in zip(NAMES, got, ref, strict=False)}
+        out["finite"] = all(bool(torch.isfinite(x).all()) for x in got)
+        out["status"] = "ok" if out["finite"] else "non-finite"
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if "pathattn" in f.filename]
+        where = frames[-1] if frames else None
+        out |= {"status": "error", "error": f"{type(e).__name__}: {e}"[:240],
+                "where": f"{Path(where.filename).name}:{where.lineno} {where.line}"
+                if where else ""}
+    print(MARK + json.dumps(out), flush=True)
+    return 0 if out["status"] == "ok" else 1
+
+
+def _cmd(mode: str, name: str) -> list[str]:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--child-triage", name]
+    return cmd + {"full": [], "quick": ["--quick"], "cpu-smoke": ["--cpu-smoke"]}[mode]
+
+
+def _parse(text: str) -> dict | None:
+    found = [line for line in text.splitlines() if line.startswith(MARK)]
+    return json.loads(found[-1][len(MARK):]) if found else None
+
+
+def _run_all(ctx, todo: list[TriageCase], parallel: int, timeout: float) -> dict:
+    """name -> result dict, `parallel` processes at a time, each with `timeout` seconds."""
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", PYTHONFAULTHANDLER="1")
+    results, running, queue = {}, {}, list(todo)
+    while queue or running:
+        while queue and len(running) < parallel:
+            c = queue.pop(0)
+            log = tempfile.TemporaryFile("w+")
+            running[c.name] = (subprocess.Popen(_cmd(ctx.mode, c.name), stdout=log,
+                                                stderr=subprocess.STDOUT, cwd=ROOT, env=env),
+                               log, time.time())
+        for name, (proc, log, t0) in list(running.items()):
+            late = time.time() > t0 + timeout or ctx.left() < -30
+            if proc.poll() is None and not late:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.seek(0)
+            text = log.read()
+            log.close()
+            res = _parse(text) or {"status": f"no result (exit {proc.returncode}"
+                                   f"{', timeout' if late else ''})", "tail": text[-300:]}
+            results[name] = res | {"seconds": time.time() - t0}
+            del running[name]
+        time.sleep(0.2)
+    return results
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    hits = sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer")
+                  + glob.glob("/opt/nvidia/*/compute-sanitizer*/compute-sanitizer"))
+    return hits[0] if hits else None
+
+
+def _memcheck(ctx, sec: dict, name: str, timeout: float) -> None:
+    tool = _sanitizer()
+    if tool is None:
+        sec.setdefault("info", {})["memcheck"] = "n/a: compute-sanitizer not found"
+        return
+    cmd = [tool, "--tool", "memcheck", "--print-limit", "4", *_cmd(ctx.mode, name)]
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                              timeout=max(10.0, min(timeout, ctx.left())))
+        text = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        text = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes)
+                else (e.stdout or "")) + "\n[timeout]"
+    keep = [line for line in text.splitlines() if not line.startswith(MARK)]
+    sec.setdefault("text", {})[f"memcheck {name} ({time.time() - t0:.0f} s)"] = \
+        "\n".join(keep[:120])
+
+
+def triage(ctx, sec: dict) -> None:
+    todo = cases(ctx.mode)
+    parallel = 1 if ctx.device.type == "cpu" else 6
+    results = _run_all(ctx, todo, parallel, timeout=150.0)
+    for c in todo:
+        ctx.add_row(sec, {"case": c.name, "B": c.B, "T": c.T} | results[c.name])
+    failed = [c for c in todo if results[c.name].get("status") != "ok"]
+    if failed and ctx.device.type == "cuda" and ctx.left() > 30:
+        small = min(failed, key=lambda c: (c.D, c.T, c.G))
+        _memcheck(ctx, sec, small.name, timeout=180.0)
