@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -34,7 +35,7 @@ NAMES = ("o", "dq", "dk", "dv", "dw", "dbeta", "dg")
 @dataclass(frozen=True)
 class TriageCase:
     """q [B, T, HQ, D] with H = 2 key heads and HQ = 2 G; packed: B = 1 and the sequence
-    lengths `lens` (sum T)."""
+    lengths `lens` (sum T); block_size None: the op's default."""
 
     D: int
     gates: bool
@@ -42,11 +43,15 @@ class TriageCase:
     packed: bool
     T: int
     lens: tuple[int, ...] = (1, 700, 1347)
+    block_size: int | None = None
 
     @property
     def name(self) -> str:
-        return (f"D{self.D}-{'gates' if self.gates else 'nogates'}-G{self.G}-"
+        name = (f"D{self.D}-{'gates' if self.gates else 'nogates'}-G{self.G}-"
                 f"{'packed' if self.packed else 'dense'}")
+        if self.block_size is not None:
+            name += f"-BT{self.block_size}"
+        return name if self.T in (1024, 2048, 128) else f"{name}-T{self.T}"
 
     @property
     def B(self) -> int:
@@ -55,14 +60,19 @@ class TriageCase:
 
 def cases(mode: str) -> list[TriageCase]:
     """The variants of a mode: D 64 and 128 on a GPU (T = 1024 dense, 2048 packed: 4 to 6
-    segments per sequence; D 64 only with --quick), two D 16 cases at T = 64 on the CPU
-    smoke run."""
+    segments per sequence; D 64 only with --quick), two D 16 cases at T = 128 in 16-token
+    blocks (3 segments) on the CPU smoke run."""
     if mode == "cpu-smoke":  # two processes: gates, no GQA, dense; no gates, GQA, packed
-        return [TriageCase(16, True, 1, False, 64), TriageCase(16, False, 2, True, 64,
-                                                               (1, 20, 43))]
+        return [TriageCase(16, True, 1, False, 128, block_size=16),
+                TriageCase(16, False, 2, True, 128, (1, 10, 117), block_size=16)]
     dims = (64,) if mode == "quick" else (64, 128)
-    return [TriageCase(D, gates, G, packed, 2048 if packed else 1024)
+    grid = [TriageCase(D, gates, G, packed, 2048 if packed else 1024)
             for D in dims for gates in (True, False) for G in (1, 2) for packed in (False, True)]
+    # to tell a block-length or segment-count cause apart: D 64 with 32-token blocks, and
+    # one segment crossing fewer (T = 256: two segments, no multi-segment transition)
+    return grid + [TriageCase(64, False, 1, False, 1024, block_size=32),
+                   TriageCase(64, True, 2, False, 1024, block_size=32),
+                   TriageCase(64, False, 1, False, 256)]
 
 
 def variant(D: int, gates: bool, G: int, packed: bool) -> str:
@@ -105,11 +115,12 @@ def child(mode: str, name: str, device: str) -> int:
         def run(backend, double):
             leaves = [(x.detach().double() if double else x.detach().clone()).requires_grad_()
                       for x in xs]
-            o = path_attn(*leaves, cu_seqlens=cu, backend=backend)
+            o = path_attn(*leaves, cu_seqlens=cu, backend=backend, block_size=c.block_size)
             gr = torch.autograd.grad(o, leaves, dout.to(o.dtype), materialize_grads=True)
             sync(dev)
             return [o, *gr]
 
+        out |= _layout(c, xs[0])
         t0 = time.perf_counter()
         got = run("triton", False)
         out["triton_s"] = time.perf_counter() - t0
@@ -125,6 +136,18 @@ def child(mode: str, name: str, device: str) -> int:
                 if where else ""}
     print(MARK + json.dumps(out), flush=True)
     return 0 if out["status"] == "ok" else 1
+
+
+def _layout(c: TriageCase, q: torch.Tensor) -> dict:
+    """The block length, blocks per segment and segments of the longest sequence that the
+    Triton op picks for this case."""
+    from pathattn.ops.path.triton.config import device_launch_config
+
+    BT = c.block_size or device_launch_config(c.D, c.D, q.dtype, q.device).BT
+    n_max = -(-c.T // BT)  # the op's bound of a sequence's blocks (B = 1 when packed)
+    seg = math.isqrt(max(n_max - 1, 0)) + 1
+    longest = max(c.lens) if c.packed else c.T
+    return {"BT": BT, "seg": seg, "n_seg": math.ceil(math.ceil(longest / BT) / seg)}
 
 
 def _cmd(mode: str, name: str) -> list[str]:

@@ -76,9 +76,10 @@ def test_triage_rows(smoke):
     """Each variant ran in its own process and is exact; none failed, so no memcheck ran."""
     sec = smoke[0]["sections"]["triage"]
     rows = {r["case"]: r for r in sec["rows"]}
-    assert list(rows) == ["D16-gates-G1-dense", "D16-nogates-G2-packed"]
+    assert list(rows) == ["D16-gates-G1-dense-BT16", "D16-nogates-G2-packed-BT16"]
     for name, r in rows.items():
         assert r["status"] == "ok" and r["finite"] is True, r
+        assert (r["BT"], r["seg"], r["n_seg"]) == (16, 3, 3), r  # a multi-segment crossing
         names = ("o", "dq", "dk", "dv", "dw", "dbeta") + (("dg",) if "-gates" in name else ())
         assert all(isinstance(r[k], float) and 0 <= r[k] < 0.05 for k in names), r
         assert ("dg" in r) == ("-gates" in name)
