@@ -470,6 +470,9 @@ def profile(ctx: Context, sec: dict) -> None:
         if ctx.expired():
             ctx.add_row(sec, row | {"status": "skipped (budget)"})
             continue
+        if name == "path" and failed_variant(ctx.report.data["sections"]["triage"], D, True):
+            ctx.add_row(sec, row | {"status": "skipped (failed in triage)"})
+            continue
         cand = candidates(B, T, H, D, torch.bfloat16, True, ctx.device, fla, (name,))[name]
         for _ in range(ctx.plan.warmup):
             cand.fwd_bwd()
@@ -523,14 +526,13 @@ def _lm_row(ctx: Context, attn: str) -> dict:
 
 
 def _lm_variant_failed(ctx: Context, attn: str) -> bool:
-    """Whether triage saw the PaTH kernels of this model's attention fail (head dim and GQA
-    group of the preset; path_fox has gates)."""
+    """Whether triage saw the PaTH kernels fail at this model's head dim, with gates for
+    path_fox and without for path."""
     from pathattn.models import ModelConfig
 
     cfg = ModelConfig.preset(ctx.plan.lm_preset, attn_type=attn)
-    G = cfg.num_attention_heads // cfg.kv_heads
     return failed_variant(ctx.report.data["sections"]["triage"], cfg.head_size,
-                          attn == "path_fox", min(G, 2))
+                          attn == "path_fox")
 
 
 def lm_step(ctx: Context, sec: dict) -> None:

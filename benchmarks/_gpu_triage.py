@@ -34,7 +34,7 @@ NAMES = ("o", "dq", "dk", "dv", "dw", "dbeta", "dg")
 
 @dataclass(frozen=True)
 class TriageCase:
-    """q [B, T, HQ, D] with H = 2 key heads and HQ = 2 G; packed: B = 1 and the sequence
+    """q [B, T, HQ, D] with H key heads and HQ = H G; packed: B = 1 and the sequence
     lengths `lens` (sum T); block_size None: the op's default."""
 
     D: int
@@ -44,6 +44,7 @@ class TriageCase:
     T: int
     lens: tuple[int, ...] = (1, 700, 1347)
     block_size: int | None = None
+    H: int = 2
 
     @property
     def name(self) -> str:
@@ -51,7 +52,9 @@ class TriageCase:
                 f"{'packed' if self.packed else 'dense'}")
         if self.block_size is not None:
             name += f"-BT{self.block_size}"
-        return name if self.T in (1024, 2048, 128) else f"{name}-T{self.T}"
+        if self.H != 2:
+            name += f"-H{self.H}"
+        return name if self.T in (1024, 2048, 64) else f"{name}-T{self.T}"
 
     @property
     def B(self) -> int:
@@ -60,29 +63,32 @@ class TriageCase:
 
 def cases(mode: str) -> list[TriageCase]:
     """The variants of a mode: D 64 and 128 on a GPU (T = 1024 dense, 2048 packed: 4 to 6
-    segments per sequence; D 64 only with --quick), two D 16 cases at T = 128 in 16-token
-    blocks (3 segments) on the CPU smoke run."""
+    segments per sequence; D 64 only with --quick) and the extra cases below; on the CPU
+    smoke run, two D 16 cases at T = 64 in 16-token blocks (two segments: the plumbing)."""
     if mode == "cpu-smoke":  # two processes: gates, no GQA, dense; no gates, GQA, packed
-        return [TriageCase(16, True, 1, False, 128, block_size=16),
-                TriageCase(16, False, 2, True, 128, (1, 10, 117), block_size=16)]
+        return [TriageCase(16, True, 1, False, 64, block_size=16),
+                TriageCase(16, False, 2, True, 64, (1, 10, 53), block_size=16)]
     dims = (64,) if mode == "quick" else (64, 128)
     grid = [TriageCase(D, gates, G, packed, 2048 if packed else 1024)
             for D in dims for gates in (True, False) for G in (1, 2) for packed in (False, True)]
     # to tell a block-length or segment-count cause apart: D 64 with 32-token blocks, and
     # one segment crossing fewer (T = 256: two segments, no multi-segment transition)
+    # and head counts the JIT specializes (1, and 16: divisible by 16), as in the speed rows
     return grid + [TriageCase(64, False, 1, False, 1024, block_size=32),
                    TriageCase(64, True, 2, False, 1024, block_size=32),
-                   TriageCase(64, False, 1, False, 256)]
+                   TriageCase(64, False, 1, False, 256),
+                   TriageCase(64, True, 1, False, 512, H=16),
+                   TriageCase(64, False, 1, False, 512, H=16),
+                   TriageCase(64, False, 1, False, 512, H=1),
+                   TriageCase(64, True, 2, False, 512, H=8)]
 
 
-def variant(D: int, gates: bool, G: int, packed: bool) -> str:
-    return TriageCase(D, gates, G, packed, 0).name
-
-
-def failed_variant(sec: dict, D: int, gates: bool, G: int = 1, packed: bool = False) -> bool:
-    """Whether the triage rows `sec` hold a failure of this variant."""
-    name = variant(D, gates, G, packed)
-    return any(r.get("case") == name and r.get("status") != "ok" for r in sec.get("rows", []))
+def failed_variant(sec: dict, D: int, gates: bool) -> bool:
+    """Whether the triage rows `sec` hold a failure at head dim D with (or without) gates,
+    whatever its GQA group, layout, head count or block length: a fault in one of them
+    would end the process that times the others."""
+    return any(r.get("D") == D and r.get("gates") == gates and r.get("status") != "ok"
+               for r in sec.get("rows", []))
 
 
 def _case_by_name(mode: str, name: str) -> TriageCase:
@@ -103,10 +109,10 @@ def child(mode: str, name: str, device: str) -> int:
     dev = torch.device(device)
     out: dict = {}
     try:
-        xs = path_inputs(c.B, c.T, 2 * c.G, 2, c.D, torch.bfloat16, c.gates, dev)
+        xs = path_inputs(c.B, c.T, c.H * c.G, c.H, c.D, torch.bfloat16, c.gates, dev)
         xs = [x for x in xs if x is not None]
         gen = torch.Generator(dev).manual_seed(1)
-        dout = torch.randn(c.B, c.T, 2 * c.G, c.D, generator=gen, device=dev)
+        dout = torch.randn(c.B, c.T, c.H * c.G, c.D, generator=gen, device=dev)
         cu = None
         if c.packed:
             cu = torch.tensor([0, *torch.tensor(c.lens).cumsum(0).tolist()], device=dev,
@@ -222,7 +228,8 @@ def triage(ctx, sec: dict) -> None:
     parallel = 1 if ctx.device.type == "cpu" else 6
     results = _run_all(ctx, todo, parallel, timeout=150.0)
     for c in todo:
-        ctx.add_row(sec, {"case": c.name, "B": c.B, "T": c.T} | results[c.name])
+        ctx.add_row(sec, {"case": c.name, "D": c.D, "gates": c.gates, "G": c.G, "H": c.H,
+                          "B": c.B, "T": c.T} | results[c.name])
     failed = [c for c in todo if results[c.name].get("status") != "ok"]
     if failed and ctx.device.type == "cuda" and ctx.left() > 30:
         small = min(failed, key=lambda c: (c.D, c.T, c.G))

@@ -79,7 +79,7 @@ def test_triage_rows(smoke):
     assert list(rows) == ["D16-gates-G1-dense-BT16", "D16-nogates-G2-packed-BT16"]
     for name, r in rows.items():
         assert r["status"] == "ok" and r["finite"] is True, r
-        assert (r["BT"], r["seg"], r["n_seg"]) == (16, 3, 3), r  # a multi-segment crossing
+        assert (r["BT"], r["seg"], r["n_seg"]) == (16, 2, 2), r
         names = ("o", "dq", "dk", "dv", "dw", "dbeta") + (("dg",) if "-gates" in name else ())
         assert all(isinstance(r[k], float) and 0 <= r[k] < 0.05 for k in names), r
         assert ("dg" in r) == ("-gates" in name)
@@ -90,9 +90,11 @@ def test_failed_variant_reads_the_triage_rows():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from _gpu_triage import failed_variant
 
-    sec = {"rows": [{"case": "D64-nogates-G1-dense", "status": "error"},
-                    {"case": "D64-gates-G1-dense", "status": "ok"}]}
-    assert failed_variant(sec, 64, False)
+    sec = {"rows": [{"case": "D64-nogates-G1-dense-H16-T512", "D": 64, "gates": False,
+                     "status": "error"},
+                    {"case": "D64-nogates-G2-dense", "D": 64, "gates": False, "status": "ok"},
+                    {"case": "D64-gates-G1-dense", "D": 64, "gates": True, "status": "ok"}]}
+    assert failed_variant(sec, 64, False)  # any failure at that head dim and gating
     assert not failed_variant(sec, 64, True)
     assert not failed_variant(sec, 128, False)  # not in the rows: not seen failing
     assert not failed_variant({}, 64, False)  # triage skipped or not asked
