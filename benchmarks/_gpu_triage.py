@@ -209,10 +209,13 @@ def _memcheck(ctx, sec: dict, name: str, timeout: float) -> None:
     if tool is None:
         sec.setdefault("info", {})["memcheck"] = "n/a: compute-sanitizer not found"
         return
-    cmd = [tool, "--tool", "memcheck", "--print-limit", "4", *_cmd(ctx.mode, name)]
+    cmd = [tool, "--tool", "memcheck", "--print-limit", "4", "--show-backtrace", "device",
+           *_cmd(ctx.mode, name)]
+    # every tensor its own allocation: an access past a tensor is then past an allocation
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
                               timeout=max(10.0, min(timeout, ctx.left())))
         text = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
