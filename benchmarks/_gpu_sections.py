@@ -15,7 +15,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from _attn_gpu import (
     sync,
     time_ms,
 )
+from _children import run_children
 from _env import system_info
 from _gpu_fox import fox_kernels
 from _gpu_lm import generate, lm_commands
@@ -285,39 +285,20 @@ def first_call(ctx: Context, sec: dict) -> None:
     """The plan's dtypes at once, each in its own process (compilation is single-threaded)."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")]
     cmd += {"full": [], "quick": ["--quick"], "cpu-smoke": ["--cpu-smoke"]}[ctx.mode]
-    procs = {}
-    for dt in ctx.plan.first_call_dtypes:
-        logs = [tempfile.TemporaryFile("w+") for _ in range(2)]  # stdout, stderr
-        procs[dt] = (subprocess.Popen(cmd + ["--child-first-call", dt], stdout=logs[0],
-                                      stderr=logs[1], cwd=ROOT), logs, time.time())
     limit = min(ctx.plan.first_call_timeout, max(ctx.left(), 1.0))
-    ends, pending, killed = {}, set(procs), set()
-    while pending:  # poll all: each process's wall time is its own
-        for dt in sorted(pending):
-            proc, _, t0 = procs[dt]
-            if proc.poll() is None and time.time() < t0 + limit:
-                continue
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-                killed.add(dt)
-            ends[dt] = time.time()
-            pending.discard(dt)
-        time.sleep(0.1)
-    for dt, (proc, logs, t0) in procs.items():
-        row = {"dtype": dt, "process_s": ends[dt] - t0}
-        if dt in killed:
+    done = run_children({dt: cmd + ["--child-first-call", dt]
+                         for dt in ctx.plan.first_call_dtypes},
+                        len(ctx.plan.first_call_dtypes), limit, ROOT)
+    for dt in ctx.plan.first_call_dtypes:  # in the plan's order
+        child = done[dt]
+        row = {"dtype": dt, "process_s": child.seconds}
+        if child.timed_out:
             row |= {"status": "timeout", "limit_s": limit}
-        for f in logs:
-            f.seek(0)
-        text, err = logs[0].read(), logs[1].read()
-        for f in logs:
-            f.close()
-        found = [line for line in text.splitlines() if line.startswith(CHILD_MARK)]
+        found = [line for line in child.out.splitlines() if line.startswith(CHILD_MARK)]
         if found:
             row |= {"status": "ok"} | json.loads(found[-1][len(CHILD_MARK):])
         elif "status" not in row:
-            row |= {"status": f"error (exit {proc.returncode})", "stderr": err[-400:]}
+            row |= {"status": f"error (exit {child.returncode})", "stderr": child.err[-400:]}
         ctx.add_row(sec, row)
 
 

@@ -19,13 +19,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from _children import run_children
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "GPU_CHECK_TRIAGE "
@@ -167,31 +167,19 @@ def _parse(text: str) -> dict | None:
 
 
 def _run_all(ctx, todo: list[TriageCase], parallel: int, timeout: float) -> dict:
-    """name -> result dict, `parallel` processes at a time, each with `timeout` seconds."""
+    """name -> result dict, `parallel` processes at a time, each with `timeout` seconds
+    (less when the run's deadline is nearer)."""
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", PYTHONFAULTHANDLER="1")
-    results, running, queue = {}, {}, list(todo)
-    while queue or running:
-        while queue and len(running) < parallel:
-            c = queue.pop(0)
-            log = tempfile.TemporaryFile("w+")
-            running[c.name] = (subprocess.Popen(_cmd(ctx.mode, c.name), stdout=log,
-                                                stderr=subprocess.STDOUT, cwd=ROOT, env=env),
-                               log, time.time())
-        for name, (proc, log, t0) in list(running.items()):
-            late = time.time() > t0 + timeout or ctx.left() < -30
-            if proc.poll() is None and not late:
-                continue
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.seek(0)
-            text = log.read()
-            log.close()
-            res = _parse(text) or {"status": f"no result (exit {proc.returncode}"
-                                   f"{', timeout' if late else ''})", "tail": text[-300:]}
-            results[name] = res | {"seconds": time.time() - t0}
-            del running[name]
-        time.sleep(0.2)
+    limit = min(timeout, max(ctx.left() + 30, 1.0))
+    done = run_children({c.name: _cmd(ctx.mode, c.name) for c in todo}, parallel, limit,
+                        ROOT, env)
+    results = {}
+    for name, child in done.items():
+        text = child.out + child.err
+        res = _parse(text) or {"status": f"no result (exit {child.returncode}"
+                               f"{', timeout' if child.timed_out else ''})",
+                               "tail": text[-300:]}
+        results[name] = res | {"seconds": child.seconds}
     return results
 
 
