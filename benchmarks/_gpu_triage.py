@@ -45,6 +45,7 @@ class TriageCase:
     lens: tuple[int, ...] = (1, 700, 1347)
     block_size: int | None = None
     H: int = 2
+    rows: int | None = None  # rows of a segment product the backward reads at a time
 
     @property
     def name(self) -> str:
@@ -54,6 +55,8 @@ class TriageCase:
             name += f"-BT{self.block_size}"
         if self.H != 2:
             name += f"-H{self.H}"
+        if self.rows is not None:
+            name += f"-E{self.rows}"
         return name if self.T in (1024, 2048, 64) else f"{name}-T{self.T}"
 
     @property
@@ -73,8 +76,12 @@ def cases(mode: str) -> list[TriageCase]:
             for D in dims for gates in (True, False) for G in (1, 2) for packed in (False, True)]
     # to tell a block-length or segment-count cause apart: D 64 with 32-token blocks, and
     # one segment crossing fewer (T = 256: two segments, no multi-segment transition)
-    # and head counts the JIT specializes (1, and 16: divisible by 16), as in the speed rows
-    return grid + [TriageCase(64, False, 1, False, 1024, block_size=32),
+    # and head counts the JIT specializes (1, and 16: divisible by 16), as in the speed rows;
+    # E32: the backward reading segment products 32 rows at a time through 0/1 selection
+    # products, as at D 64 in the run that faulted (now whole 64-row products)
+    return grid + [TriageCase(64, False, 1, False, 512, H=16, rows=32),
+                   TriageCase(64, True, 2, False, 1024, rows=32),
+                   TriageCase(64, False, 1, False, 1024, block_size=32),
                    TriageCase(64, True, 2, False, 1024, block_size=32),
                    TriageCase(64, False, 1, False, 256),
                    TriageCase(64, True, 1, False, 512, H=16),
@@ -86,9 +93,10 @@ def cases(mode: str) -> list[TriageCase]:
 def failed_variant(sec: dict, D: int, gates: bool) -> bool:
     """Whether the triage rows `sec` hold a failure at head dim D with (or without) gates,
     whatever its GQA group, layout, head count or block length: a fault in one of them
-    would end the process that times the others."""
+    would end the process that times the others. Rows of a launch setting the op does not
+    use (`TriageCase.rows`, kept to tell a cause apart) do not count."""
     return any(r.get("D") == D and r.get("gates") == gates and r.get("status") != "ok"
-               for r in sec.get("rows", []))
+               and r.get("rows") is None for r in sec.get("rows", []))
 
 
 def _case_by_name(mode: str, name: str) -> TriageCase:
@@ -107,6 +115,10 @@ def child(mode: str, name: str, device: str) -> int:
 
     c = _case_by_name(mode, name)
     dev = torch.device(device)
+    if c.rows is not None:
+        from pathattn.ops.path.triton.config import LaunchConfig
+
+        LaunchConfig.e_rows = lambda self, BD: min(BD, c.rows)
     out: dict = {}
     try:
         xs = path_inputs(c.B, c.T, c.H * c.G, c.H, c.D, torch.bfloat16, c.gates, dev)
@@ -220,8 +232,8 @@ def triage(ctx, sec: dict) -> None:
     results = _run_all(ctx, todo, parallel, timeout=150.0)
     for c in todo:
         ctx.add_row(sec, {"case": c.name, "D": c.D, "gates": c.gates, "G": c.G, "H": c.H,
-                          "B": c.B, "T": c.T} | results[c.name])
+                          "B": c.B, "T": c.T, "rows": c.rows} | results[c.name])
     failed = [c for c in todo if results[c.name].get("status") != "ok"]
     if failed and ctx.device.type == "cuda" and ctx.left() > 30:
-        small = min(failed, key=lambda c: (c.D, c.T, c.G))
+        small = min(failed, key=lambda c: (c.rows is not None, c.D, c.T, c.G))
         _memcheck(ctx, sec, small.name, timeout=180.0)

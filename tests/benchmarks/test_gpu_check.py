@@ -98,6 +98,26 @@ def test_failed_variant_reads_the_triage_rows():
     assert not failed_variant(sec, 64, True)
     assert not failed_variant(sec, 128, False)  # not in the rows: not seen failing
     assert not failed_variant({}, 64, False)  # triage skipped or not asked
+    # a row of a launch setting the op does not use (rows of E) tells a cause apart only
+    diag = {"rows": [{"case": "D64-gates-G2-dense-E32", "D": 64, "gates": True, "rows": 32,
+                      "status": "error"}]}
+    assert not failed_variant(diag, 64, True)
+    diag["rows"][0]["rows"] = None
+    assert failed_variant(diag, 64, True)
+
+
+def test_triage_cases_of_the_gpu_plans():
+    """Every case of a GPU plan has its own name (a child finds its case by name); the
+    diagnostic rows-of-E cases run the op's own block length at D 64."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _gpu_triage import _case_by_name, cases
+
+    for mode in ("full", "quick"):
+        names = [c.name for c in cases(mode)]
+        assert len(set(names)) == len(names), names
+        assert all(_case_by_name(mode, n).name == n for n in names)
+        diag = [c for c in cases(mode) if c.rows is not None]
+        assert diag and all(c.D == 64 and c.rows == 32 and c.block_size is None for c in diag)
 
 
 def test_correctness_errors(smoke):

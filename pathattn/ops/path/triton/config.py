@@ -23,7 +23,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
 KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd")
 H100_SHARED = 232448  # bytes per block (opt-in maximum), sm_90
 A100_SHARED = 166912  # sm_80
-_E_ROWS = 32  # rows of a segment product E the backward scan reads at a time
+_E_ROWS = 32  # rows of a segment product read at a time past BD = 64 (`LaunchConfig.e_rows`)
 MAX_REFLECTION_TILE = 64  # rows of a block's reflection tile the default block length allows
 
 # architecture -> padded head dim BD -> block length BT -> shared bytes per program:
@@ -70,7 +70,7 @@ SHARED_BYTES = {
         },
         64: {
             64: (98304, 98816, 180224, 122880),
-            32: (40960, 49408, 40960, 20480),
+            32: (32768, 49408, 40960, 20480),
             16: (24576, 24704, 16384, 10240),
         },
         128: {
@@ -224,14 +224,14 @@ class LaunchConfig:
         return {"num_warps": warps, "num_stages": stages}
 
     def e_rows(self, BD: int) -> int:
-        """Rows of E read at a time for padded head dim BD (all of them when BD <= BK)."""
-        return min(BD, self.BK)
+        """Rows of a segment product (M, Pi) the backward's query kernel and the Pi kernel
+        read at a time for padded head dim BD: all of them up to BD = 64 (one product per
+        segment crossed, no 0/1 selection products), else min(BD, BK)."""
+        return BD if BD <= 64 else min(BD, self.BK)
 
     def m_rows(self, BD: int) -> int:
-        """Rows of a segment transition the forward (M) and the backward's key-parallel
-        kernel (Pi) read at a time: all of them up to BD = 64 (one product per segment
-        crossed, no selection loop), else `e_rows`."""
-        return BD if BD <= 64 else self.e_rows(BD)
+        """Rows of a whole-segment transition M the forward reads at a time (as `e_rows`)."""
+        return self.e_rows(BD)
 
 
 def device_limits(device: torch.device) -> tuple[int | None, tuple[int, int]]:

@@ -55,6 +55,25 @@ def test_fp32_backward_segments(B, T, HQ, H, gates, cu, seg):
     assert_close_to_reference(ours, ref, F32_TOL)
 
 
+@pytest.mark.parametrize("gates", [True, False], ids=["gates", "nogates"])
+def test_segment_products_read_in_row_slices(monkeypatch, gates):
+    """Past D = 64 the kernels read a segment product (M, Pi) a slice of rows at a time and
+    place the slices with 0/1 selection products (`segments.times_e`, `cross_back`,
+    `crossings.times_et`); here at D = 32 with 8-row slices, every segment crossed: forward
+    and every gradient against the float64 reference."""
+    from pathattn.ops.path.triton.config import LaunchConfig
+
+    for name in ("e_rows", "m_rows", "kv_rows"):
+        monkeypatch.setattr(LaunchConfig, name, lambda self, BD: min(BD, 8))
+    D = 32
+    inputs = make_inputs(1, 80, 2, 1, D, D, gates)
+    dout = make_dout(1, 80, 2, D)
+    ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, block_size=16, seg=1)
+    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
+                                                for x in inputs), dout)
+    assert_close_to_reference(ours, ref, F32_TOL)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_first_gate_of_each_sequence_has_no_gradient(dtype):
     """The gate of a sequence's first token adds the same constant to every logit of the
