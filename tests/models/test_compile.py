@@ -52,9 +52,11 @@ def test_decode_has_no_graph_break(attn_type):
 
 @pytest.mark.slow
 def test_training_step_compiled_matches_eager():
-    """A dense batch, a dense batch of another length (no recompile: dynamic=True compiles
-    the step for every length) and a packed batch; one layer (compile time grows with the
-    layers, and every layer is the same code)."""
+    """A dense batch and a dense batch of another length (no recompile: dynamic=True
+    compiles the step for every length) through inductor, and a packed batch, a graph of
+    its own, through AOT autograd without inductor's code generation (inductor's code for
+    packed inputs is checked on the op, tests/ops/path/test_compile.py); one layer (compile
+    time grows with the layers, and every layer is the same code)."""
     model = PaTHLM(ModelConfig.preset("tiny", attn_type="path_fox", num_hidden_layers=1))
     V = model.config.vocab_size
     params = tuple(model.parameters())
@@ -65,12 +67,13 @@ def test_training_step_compiled_matches_eager():
     torch._dynamo.reset()  # a fresh compile: earlier tests' frames do not count here
     compiled = torch.compile(loss, fullgraph=True, dynamic=True)
 
-    def check(args):
+    def check(fn, args):
         want = loss_and_grads(loss, args, params)
-        got = loss_and_grads(compiled, args, params)
+        got = loss_and_grads(fn, args, params)
         assert_same(got, want, rtol=1e-5, atol=1e-6)
 
-    check(_batch(2, 16, V))
+    check(compiled, _batch(2, 16, V))
     with torch._dynamo.config.patch(error_on_recompile=True):
-        check(_batch(2, 23, V))
-    check((*_batch(1, 14, V), torch.tensor([0, 5, 14], dtype=torch.int32)))
+        check(compiled, _batch(2, 23, V))
+    packed = torch.compile(loss, fullgraph=True, dynamic=True, backend="aot_eager")
+    check(packed, (*_batch(1, 14, V), torch.tensor([0, 5, 14], dtype=torch.int32)))
