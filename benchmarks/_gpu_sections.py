@@ -282,16 +282,21 @@ def child_first_call(args) -> int:
 
 
 def first_call(ctx: Context, sec: dict) -> None:
-    """The plan's dtypes at once, each in its own process (compilation is single-threaded)."""
+    """The plan's dtypes at once, each in its own process, the CPUs shared among them: each
+    compiles its kernels on PATHATTN_COMPILE_THREADS threads (the row's compile_threads;
+    a user's single process gets every CPU)."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")]
     cmd += {"full": [], "quick": ["--quick"], "cpu-smoke": ["--cpu-smoke"]}[ctx.mode]
     limit = min(ctx.plan.first_call_timeout, max(ctx.left(), 1.0))
-    done = run_children({dt: cmd + ["--child-first-call", dt]
-                         for dt in ctx.plan.first_call_dtypes},
-                        len(ctx.plan.first_call_dtypes), limit, ROOT)
-    for dt in ctx.plan.first_call_dtypes:  # in the plan's order
+    dtypes = ctx.plan.first_call_dtypes
+    threads = os.environ.get("PATHATTN_COMPILE_THREADS") or str(
+        max(2, (os.cpu_count() or 1) // len(dtypes)))
+    done = run_children({dt: cmd + ["--child-first-call", dt] for dt in dtypes},
+                        len(dtypes), limit, ROOT,
+                        env={**os.environ, "PATHATTN_COMPILE_THREADS": threads})
+    for dt in dtypes:  # in the plan's order
         child = done[dt]
-        row = {"dtype": dt, "process_s": child.seconds}
+        row = {"dtype": dt, "compile_threads": int(threads), "process_s": child.seconds}
         if child.timed_out:
             row |= {"status": "timeout", "limit_s": limit}
         found = [line for line in child.out.splitlines() if line.startswith(CHILD_MARK)]

@@ -8,7 +8,8 @@ left are recorded as skipped:
   environment   GPU, torch / triton / fla versions, pathattn's git revision
   first_call    seconds of the first forward + backward of path_attn(backend="triton") per
                 dtype at a small shape (compilation), each dtype in its own subprocess with
-                a timeout, the three side by side
+                a timeout, the three side by side, the CPUs shared among them (each
+                compiles its kernels on PATHATTN_COMPILE_THREADS threads)
   triage        every kernel variant (head dim, gates, GQA, dense / packed) once at a small
                 size, each in its own process with CUDA_LAUNCH_BLOCKING=1: which ones fault
                 and where (compute-sanitizer's memcheck on the smallest failing one), and

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import diagonal_gate, dot, load_gates, load_rows, rounded, split, store_rows
 
 __all__ = ["key_grads", "query_grads"]
@@ -160,7 +161,7 @@ def key_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: int,
     dk = torch.empty(N, H, D, dtype=q.dtype, device=q.device)
     dv = torch.empty(N, H, Dv, dtype=q.dtype, device=q.device)
     dcol = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
-    _dkdv_kernel[(table.shape[0], H)](
+    launch_kernel(_dkdv_kernel, (table.shape[0], H))(
         q, k, v, G, do, lse, delta, dk, dv, dcol, table, *_strides(q, k, v, do), scale,
         scale * 1.4426950408889634, HQ, H, D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
         DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
@@ -176,7 +177,7 @@ def query_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: in
     H, Dv = k.shape[1], v.shape[-1]
     dq = torch.empty(N, HQ, D, dtype=q.dtype, device=q.device)
     drow = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
-    _dq_kernel[(table.shape[0], HQ)](
+    launch_kernel(_dq_kernel, (table.shape[0], HQ))(
         q, k, v, G, do, lse, delta, dq, drow, table, *_strides(q, k, v, do), scale,
         scale * 1.4426950408889634, HQ, D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
         DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import (
     diagonal_gate,
     dot,
@@ -105,7 +106,7 @@ def fox_forward(q, k, v, G, table, scale: float, BT: int, BD: int, BDV: int, dt,
     o = torch.empty(N, HQ, Dv, dtype=q.dtype, device=q.device)
     o_lo = torch.empty(N if split else 0, HQ, Dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
-    _fwd_kernel[(table.shape[0], HQ)](
+    launch_kernel(_fwd_kernel, (table.shape[0], HQ))(
         q, k, v, G, o, o_lo if split else o, lse, table, q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale * 1.4426950408889634, HQ,
         D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate,

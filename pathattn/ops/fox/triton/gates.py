@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
+
 __all__ = ["sequence_cumsum"]
 
 
@@ -77,6 +79,8 @@ def sequence_cumsum(x: torch.Tensor, table: torch.Tensor, BT: int,
     total = torch.empty(table.shape[0], HQ, dtype=torch.float64, device=x.device)
     BH = min(32, triton.next_power_of_2(max(HQ, 1)))
     grid = (table.shape[0], triton.cdiv(HQ, BH))
-    _tile_cumsum_kernel[grid](x, out, total, table, HQ, REVERSE=reverse, BT=BT, BH=BH)
-    _tile_offset_kernel[grid](out, total, table, HQ, REVERSE=reverse, BT=BT, BH=BH, BB=32)
+    launch_kernel(_tile_cumsum_kernel, grid)(x, out, total, table, HQ, REVERSE=reverse, BT=BT,
+                                             BH=BH)
+    launch_kernel(_tile_offset_kernel, grid)(out, total, table, HQ, REVERSE=reverse, BT=BT,
+                                             BH=BH, BB=32)
     return out

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from ...common.token_blocks import token_tile_table
+from ...common.triton_launch import compile_ahead, specialisation
 from ...common.validation import check_tile_length as check_block_size
 from ._common import TL_DTYPE, interpreting
 from .bwd import key_grads, query_grads
@@ -66,6 +67,14 @@ def fox_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
             cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
             block_size: int
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    args = (q, k, v, g, cu_seqlens, scale, block_size)
+    compile_ahead(("fox", "fwd", q.device, specialisation(q, k, v, g), cu_seqlens is None,
+                   block_size), q.device, lambda: _forward(*args))
+    return _forward(*args)
+
+
+def _forward(q, k, v, g, cu_seqlens, scale: float, block_size: int):
+    """`fox_fwd`'s kernels."""
     B, T, HQ, _ = q.shape
     run = _Launch(q, v, cu_seqlens, block_size)
     table = run.table("fwd")
@@ -91,6 +100,15 @@ def fox_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             scale: float,
             block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v, g) in their dtypes from the forward's o, o_lo, lse and G."""
+    args = (do, q, k, v, g, cu_seqlens, o, o_lo, lse, G, scale, block_size)
+    compile_ahead(("fox", "bwd", q.device, specialisation(do, q, k, v, g, o, o_lo),
+                   cu_seqlens is None, block_size), q.device, lambda: _backward_kernels(*args))
+    return _backward_kernels(*args)
+
+
+def _backward_kernels(do, q, k, v, g, cu_seqlens, o, o_lo, lse, G, scale: float,
+                      block_size: int):
+    """`fox_bwd`'s kernels."""
     run = _Launch(q, v, cu_seqlens, block_size)
     qf, kf, vf, dof = _tokens(q), _tokens(k), _tokens(v), _tokens(do)
     of = _tokens(o).float()  # [N, HQ, Dv]

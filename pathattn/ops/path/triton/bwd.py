@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import (
     block_ptrs,
     device_fn,
@@ -286,7 +287,7 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     du, dwp = (torch.zeros(N * R, H, D, **f32) for _ in range(2))
     dG = torch.zeros(N, HQ, **f32) if G is not None else None
     dms = torch.zeros(ms.shape, **f32)  # gradients of the segment transitions
-    _bwd_kernel[(table.shape[0], HQ)](
+    launch_kernel(_bwd_kernel, (table.shape[0], HQ))(
         q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, pi, dms, slots, pbase, do,
         lse, delta, dqt, ys, ysd, yc, dsd, dv, dkt, du, dwp, dG if dG is not None else lse, table,
         scale, seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,

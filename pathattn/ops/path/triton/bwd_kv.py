@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import block_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
 from .crossings import pair_index, times_et
 from .segments import times_e
@@ -122,7 +123,7 @@ def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, table, seg: int, 
     dks = torch.empty(N, HQ, D, dtype=torch.float32, device=ks.device)
     dv = torch.empty(N, HQ, Dv, dtype=torch.float32, device=ks.device)
     BKT, BQ = tiles or (BT, BT)
-    _bwd_kv_kernel[(table.shape[0] * (BT // BKT), HQ)](
+    launch_kernel(_bwd_kv_kernel, (table.shape[0] * (BT // BKT), HQ))(
         ks, v, pi, pbase, G if G is not None else lse, ys, do, lse, delta, dks, dv,
         dG if dG is not None else lse, table, seg, HQ, H, D, Dv, G=HQ // H,
         HAS_G=G is not None, BT=BT, BKT=BKT, BQ=BQ, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import device_fn, e_offsets, mm_lp
 from .segments import times_e
 
@@ -91,7 +92,7 @@ def segment_products(ms, table, slots, pbase, n_pairs: int, seg: int, BT: int, B
     H = ms.shape[1]
     BR = min(BD, BT)
     pi = torch.empty(max(n_pairs, 1), H, BD, BD, dtype=ms.dtype, device=ms.device)
-    _pi_kernel[(table.shape[0], H, BD // BR)](
+    launch_kernel(_pi_kernel, (table.shape[0], H, BD // BR))(
         ms, pi, slots, pbase, table, H, seg, BT=BT, BD=BD, BR=BR, BK=BK, PREC=prec, TDT=tdt,
         EMULATE=emulate, **(launch or {}))
     return pi

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import (
     block_reflections,
     device_fn,
@@ -195,8 +196,8 @@ def fwd_scan(q, k, v, w, u, kt, m, G, ks, ms, slots, table, scale: float, seg: i
     o = torch.empty(N, HQ, Dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
     grid = (table.shape[0], HQ)
-    _fwd_kernel[grid](q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, slots, o, lse,
-                      table, scale, seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT,
-                      BD=BD, BDV=BDV, BK=BK, DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R,
-                      BTR=reflection_tile(BT, R), **(launch or {}))
+    launch_kernel(_fwd_kernel, grid)(
+        q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, slots, o, lse, table, scale,
+        seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt,
+        TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
     return o, lse

@@ -10,7 +10,9 @@ beta [B, T, H, R] (dw and dbeta in the same shapes). Both have fake (meta) imple
 and the forward op has a registered autograd formula, so torch.compile traces through
 `path_attn_triton` without a graph break. The forward saves the inputs, o, lse and the UT
 quantities (u, kt, m, the inverses x and the copies wt, vc that the scans read, all of
-`ut.ut_fwd`; O(T) memory), so the UT transform runs once per training step.
+`ut.ut_fwd`; O(T) memory), so the UT transform runs once per training step. The first
+forward (backward) call of a configuration compiles its kernels side by side
+(`pathattn.ops.common.triton_launch.compile_ahead`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import triton.language as tl
 
 from ...common.heads import default_scale
 from ...common.layout import token_bounds
+from ...common.triton_launch import compile_ahead, specialisation, specialised
 from ...common.validation import check_tile_length
 from ..gates import sequence_cumsum
 from ..stages import single_reflection
@@ -119,6 +122,18 @@ def _reflections(w: torch.Tensor) -> int:
     return 1 if w.ndim == 4 else w.shape[3]
 
 
+def _compile_key(step: str, q, k, v, w, beta, g, cu_seqlens, block_size: int, seg: int
+                 ) -> tuple:
+    """What selects the kernels of a forward or backward call and their specialisation:
+    the inputs (`specialisation`), packing, block size and the segment length the call
+    uses (`_setup`)."""
+    B, T = q.shape[:2]
+    n_max = -(-(T if cu_seqlens is None else B * T) // block_size)
+    seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
+    return ("path", step, q.device, specialisation(q, k, v, w, beta, g),
+            cu_seqlens is None, block_size, specialised(seg))
+
+
 @torch.library.custom_op("pathattn::path_attn_fwd", mutates_args=())
 def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
                   beta: torch.Tensor, g: Optional[torch.Tensor],  # noqa: UP045
@@ -126,6 +141,14 @@ def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
                   block_size: int, seg: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                              torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    args = (q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
+    compile_ahead(_compile_key("fwd", q, k, v, w, beta, g, cu_seqlens, block_size, seg), q.device,
+                  lambda: _forward(*args))
+    return _forward(*args)
+
+
+def _forward(q, k, v, w, beta, g, cu_seqlens, scale: float, block_size: int, seg: int):
+    """`path_attn_fwd`'s kernels."""
     B, T, HQ, D = q.shape
     Dv = v.shape[-1]
     table, seg, (slots, n_slots), _, prec, dt, tdt, emulate, cfg = _setup(
@@ -173,6 +196,16 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                                      torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v, w, beta, g) from the forward's outputs and UT quantities; dg
     is an empty tensor when g is None."""
+    args = (do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, scale,
+            block_size, seg)
+    compile_ahead(_compile_key("bwd", q, k, v, w, beta, g, cu_seqlens, block_size, seg), q.device,
+                  lambda: _backward_kernels(*args))
+    return _backward_kernels(*args)
+
+
+def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc,
+                      scale: float, block_size: int, seg: int):
+    """`path_attn_bwd`'s kernels."""
     B, T, HQ, D = q.shape
     H, Dv = k.shape[2], v.shape[-1]
     table, seg, (slots, n_slots), pairs, prec, dt, tdt, emulate, cfg = _setup(

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import (
     block_ptrs,
     block_reflections,
@@ -128,7 +129,7 @@ def segment_keys(w, u, kt, table, slots, n_slots: int, seg: int, BT: int, BD: in
     ms = torch.empty(n_slots, H, BD, BD, dtype=u.dtype, device=u.device)
     e = (torch.empty(table.shape[0], H, BD, BD, dtype=u.dtype, device=u.device) if store_e
          else ms)
-    _seg_kernel[(table.shape[0], H, BD // BR)](
+    launch_kernel(_seg_kernel, (table.shape[0], H, BD // BR))(
         w, u, kt, e, ks, ms, slots, table, H, D, seg, BT=BT, BD=BD, BR=BR, PREC=prec, R=R,
         BTR=reflection_tile(BT, R), DT=dt, TDT=tdt, STORE_E=store_e, EMULATE=emulate,
         **(launch or {}))
@@ -199,7 +200,7 @@ def segment_grads(w, u, kt, e, dks, dms, table, slots, seg: int, BT: int, BD: in
     segment, head and group of min(BD, BT) rows of E (module docstring)."""
     H = kt.shape[1]
     BR = min(BD, BT)
-    _seg_bwd_kernel[(table.shape[0], H, BD // BR)](
+    launch_kernel(_seg_bwd_kernel, (table.shape[0], H, BD // BR))(
         w, u, kt, e, dks, dms, slots, dkt, du, dwp, table, H, kt.shape[2], seg, BT=BT, BD=BD,
         BR=BR, PREC=prec, R=R, BTR=reflection_tile(BT, R), DT=dt, TDT=tdt, EMULATE=emulate,
         **(launch or {}))

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ._common import (
     block_reflections,
     device_fn,
@@ -153,10 +154,9 @@ def ut_fwd(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor
     x = torch.empty(N * R, H, BTR, dtype=torch.float32, device=k.device)
     wt = torch.empty(N * R, H, D, dtype=tdt, device=k.device)
     vc = torch.empty_like(v)
-    _ut_fwd_kernel[(table.shape[0], H)](k, v, w, beta, u, kt, m, x, wt, vc, table, H, D,
-                                        v.shape[-1], BT=BT, BD=BD, BDV=BDV, PREC=prec, R=R,
-                                        BTR=BTR, LOG_BTR=BTR.bit_length() - 1,
-                                        **(launch or {}))
+    launch_kernel(_ut_fwd_kernel, (table.shape[0], H))(
+        k, v, w, beta, u, kt, m, x, wt, vc, table, H, D, v.shape[-1], BT=BT, BD=BD, BDV=BDV,
+        PREC=prec, R=R, BTR=BTR, LOG_BTR=BTR.bit_length() - 1, **(launch or {}))
     return u, kt, m, x, wt, vc
 
 
@@ -280,10 +280,10 @@ def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: in
     dbeta = torch.empty_like(beta)
     dkq = torch.zeros(N, H, D, dtype=torch.float32, device=q.device)
     dmq = torch.zeros(N * R, H, BT, dtype=torch.float32, device=q.device)
-    _ut_bwd_q_kernel[(table.shape[0], HQ)](
+    launch_kernel(_ut_bwd_q_kernel, (table.shape[0], HQ))(
         q, k, w, beta, x, dqt, dsd, dkq, dmq, du, dwp, dq, table, scale, HQ, H, D,
         G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR, **(q_launch or {}))
-    _ut_bwd_kernel[(table.shape[0], H)](
+    launch_kernel(_ut_bwd_kernel, (table.shape[0], H))(
         k, w, beta, x, dkq, dmq, dkt, du, dwp, dk, dw, dbeta, table, H, D, BT=BT, BD=BD,
         PREC=prec, R=R, BTR=BTR, **(launch or {}))
     return dq, dk, dw, dbeta

@@ -37,6 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ...common.triton_tiles import dot, helper, load_rows, rounded, store_rows
 from ._common import allowed_keys, log_remain, softplus_tail, stick_weights
 
@@ -204,7 +205,7 @@ def query_grads(q, k, v, do, dq, snapshots, table, scale: float, attend_current:
     into snapshots [2, HQ, NS, N] float32; table: tiles of BT tokens."""
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
-    _dq_kernel[(table.shape[0], HQ)](
+    launch_kernel(_dq_kernel, (table.shape[0], HQ))(
         q, k, v, do, dq, snapshots[0], snapshots[1], table, *_strides(q, k, v, do, dq),
         scale, scale * 1.4426950408889634, N, snapshots.shape[2], D, Dv, GROUP=HQ // H, BT=BT,
         BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
@@ -218,7 +219,7 @@ def key_grads(q, k, v, do, dk, dv, snapshots, table, scale: float, attend_curren
     same snapshots."""
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
-    _dkdv_kernel[(table.shape[0], H)](
+    launch_kernel(_dkdv_kernel, (table.shape[0], H))(
         q, k, v, do, dk, dv, snapshots[0], snapshots[1], table,
         *_strides(q, k, v, do, dk, dv), scale, scale * 1.4426950408889634, N,
         snapshots.shape[2], D, Dv, GROUP=HQ // H, BT=BT,

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_launch import launch_kernel
 from ...common.triton_tiles import dot, load_rows, rounded, store_rows
 from ._common import allowed_keys, log_remain, softplus_tail, stick_weights
 
@@ -75,7 +76,7 @@ def sb_forward(q, k, v, table, scale: float, attend_current: bool, BT: int, BD: 
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
     o = torch.empty(N, HQ, Dv, dtype=q.dtype, device=q.device)
-    _fwd_kernel[(table.shape[0], HQ)](
+    launch_kernel(_fwd_kernel, (table.shape[0], HQ))(
         q, k, v, o, table, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), o.stride(0), o.stride(1), scale * 1.4426950408889634, D, Dv,
         GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate,

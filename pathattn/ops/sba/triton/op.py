@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ...common.token_blocks import token_tile_table
+from ...common.triton_launch import compile_ahead, specialisation
 from ...common.triton_tiles import TL_DTYPE, interpreting, padded_dim
 from ...common.validation import check_tile_length as check_block_size
 from . import config
@@ -66,6 +67,15 @@ def sb_triton_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                   attend_current: bool,
                   block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v) in their dtype, recomputing the forward's tiles."""
+    args = (do, q, k, v, cu_seqlens, scale, attend_current, block_size)
+    compile_ahead(("sba", "bwd", q.device, specialisation(do, q, k, v), cu_seqlens is None,
+                   attend_current, block_size), q.device, lambda: _backward_kernels(*args))
+    return _backward_kernels(*args)
+
+
+def _backward_kernels(do, q, k, v, cu_seqlens, scale: float, attend_current: bool,
+                      block_size: int):
+    """`sb_triton_bwd`'s kernels."""
     B, T, HQ, D = q.shape
     H = k.shape[2]
     G = HQ // H

@@ -1,0 +1,173 @@
+"""Kernel launches of the Triton ops, and their first-call compilation side by side.
+
+Every op launches its kernels through `launch_kernel`. `compile_ahead(key, device, run)`
+runs `run` once per key as a compile-only pass, in which each `launch_kernel` submits its
+kernel's compilation for exactly the arguments it is given to a thread pool (Triton's
+AsyncCompileMode) instead of launching it; the real call that follows finds every kernel
+compiled. PATHATTN_COMPILE_THREADS sets the pool's size (default: the CPU count; 1 turns
+the pass off). docs/ops.md ("Triton kernels") gives the reasons and the limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import warnings
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+__all__ = ["launch_kernel", "compile_ahead", "compile_only", "compile_threads", "launch_log",
+           "specialisation"]
+
+_DRY = contextvars.ContextVar("pathattn_compile_only", default=False)
+_LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("pathattn_launch_log",
+                                                                    default=None)
+_DONE: set = set()
+_BROKEN: list = []  # the error that turned the pass off, if one did
+
+
+def launch_kernel(kernel, grid) -> Callable:
+    """`kernel[grid]`: the callable that launches `kernel` on `grid` with the arguments it
+    is given; inside a compile-only pass (`compile_ahead`), one that compiles it for those
+    arguments without launching."""
+    log = _LOG.get()
+    if log is not None:
+        return _logged(log, kernel, grid)
+    if _DRY.get():
+        return lambda *args, **kwargs: _compile_only(kernel, grid, *args, **kwargs)
+    return kernel[grid]
+
+
+def _compile_only(kernel, grid, *args, **kwargs) -> None:
+    kernel.warmup(*args, grid=grid, **kwargs)
+
+
+def _logged(log: list, kernel, grid) -> Callable:
+    def call(*args, **kwargs):
+        name = getattr(kernel, "fn", kernel).__name__
+        constexprs = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+        dtypes = tuple(a.dtype if isinstance(a, torch.Tensor) else type(a).__name__
+                       for a in args)
+        log.append((_DRY.get(), name, tuple(grid), dtypes, constexprs))
+        if not _DRY.get():
+            kernel[grid](*args, **kwargs)
+    return call
+
+
+@contextlib.contextmanager
+def launch_log():
+    """Yields a list that collects, for each `launch_kernel` inside the block, (compile_only,
+    kernel name, grid, argument dtypes / types, keyword arguments): what a call launches
+    and what its compile-only pass compiled. Launches still run; compile-only ones do
+    nothing."""
+    log: list = []
+    token = _LOG.set(log)
+    try:
+        yield log
+    finally:
+        _LOG.reset(token)
+
+
+def specialised(n: int) -> int:
+    """How Triton specialises an integer argument: 1, divisible by 16, or neither (0)."""
+    return 1 if n == 1 else 16 if n % 16 == 0 else 0
+
+
+def specialisation(*args) -> tuple:
+    """A hashable summary of call arguments [B, T, ...] as they reach the kernels, for a
+    `compile_ahead` key: per tensor its dtype, its sizes past the first two, and how the
+    token count B * T and each stride specialise; None as None; an int as `specialised`;
+    anything else as itself."""
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            tokens = x.shape[0] * x.shape[1] if x.ndim >= 2 else x.numel()
+            return (x.dtype, tuple(x.shape[2:]), specialised(tokens),
+                    tuple(specialised(s) for s in x.stride()))
+        if isinstance(x, bool) or x is None:
+            return x
+        return specialised(x) if isinstance(x, int) else x
+    return tuple(one(x) for x in args)
+
+
+def compile_threads() -> int:
+    """Threads compiling kernels side by side (PATHATTN_COMPILE_THREADS, default the CPU
+    count); a ValueError names the variable when it is not a positive integer."""
+    raw = os.environ.get("PATHATTN_COMPILE_THREADS", "")
+    if raw == "":
+        return os.cpu_count() or 1
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"PATHATTN_COMPILE_THREADS must be a positive integer, got {raw!r}")
+    return n
+
+
+def _can_compile_ahead(device: torch.device) -> bool:
+    """A GPU launch outside CUDA-graph capture, with a pool of more than one thread, a
+    Triton that compiles asynchronously (and is not doing so for a caller already), and no
+    earlier failure of the pass."""
+    if device.type != "cuda" or _BROKEN or compile_threads() < 2:
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:
+        return False
+    return _async_compile.active_mode.get() is None  # not inside a caller's own
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Inside the block, every `launch_kernel` compiles its kernel for the arguments it is given
+    (`kernel.warmup`) instead of launching it; under Triton's AsyncCompileMode the
+    compilations run on its pool."""
+    token = _DRY.set(True)
+    try:
+        yield
+    finally:
+        _DRY.reset(token)
+
+
+@contextlib.contextmanager
+def _compiling():
+    """The compile-only pass: launches submit their compilation to a pool; leaving the
+    block waits for every one (a kernel that fails to compile is left to its real launch,
+    which raises the error where it belongs)."""
+    from triton.runtime import _async_compile
+
+    with ThreadPoolExecutor(compile_threads(), thread_name_prefix="pathattn-compile") as pool:
+        mode = _async_compile.AsyncCompileMode(pool, ignore_errors=True)
+        try:
+            with mode, compile_only():
+                yield
+        finally:
+            if _async_compile.active_mode.get() is mode:  # an error left it active
+                _async_compile.active_mode.set(None)
+
+
+def compile_ahead(key: Hashable, device: torch.device, run: Callable[[], object]) -> None:
+    """Once per `key` (and only for CUDA `device`): call `run()` as a compile-only pass, so
+    that every kernel it launches compiles side by side. `run` must launch the kernels of
+    the real call with the same arguments (same shapes, dtypes and constants). An error in
+    the pass turns it off for the process with a warning; the real call then compiles its
+    kernels one by one."""
+    if key in _DONE or not _can_compile_ahead(device):
+        return
+    try:
+        with _compiling():
+            run()
+    except Exception as e:  # the real call runs next and raises real errors itself
+        _BROKEN.append(e)
+        warnings.warn(f"pathattn: compiling the Triton kernels side by side failed ({e!r}); "
+                      "they compile one by one at their launch", RuntimeWarning,
+                      stacklevel=2)
+        return
+    _DONE.add(key)
