@@ -1,21 +1,19 @@
-"""First-call compilation of the PaTH kernels: one after another, or side by side.
+"""First-call compilation of the PaTH kernels: one by one, or side by side.
 
-A first forward + backward compiles every kernel of the step. Launched one by one, each
-compiles at its launch; the ops instead compile a call's kernels on a thread pool first
-(`pathattn.ops.common.triton_launch.compile_ahead`). This script compiles, for sm_90 and
-no GPU, the kernels of a forward (UT transform, segment keys, forward scan) and of a
-backward (segment keys storing E, Pi, backward query and key scans, segment gradients, UT
-backward) both ways, each in a child process with an empty Triton cache, and prints the
-seconds side by side and their ratio, with the slowest single kernel of each step (what
-side by side tends to with enough free cores):
+A first training step compiles every kernel of a forward and a backward. Launched one by
+one, each compiles at its launch; the ops instead compile them on a thread pool first
+(`pathattn.ops.common.triton_launch.compile_ahead`: a forward whose inputs require grad
+compiles the backward's kernels too). This script compiles, for sm_90 and no GPU, the
+kernels of a forward (UT transform, segment keys, forward scan) and of a backward (segment
+keys storing E, Pi, backward query and key scans, segment gradients, UT backward) both
+ways, each in a child process with an empty Triton cache, and prints the seconds side by
+side, their ratio, and the slowest single kernel (what side by side tends to with as many
+free cores as kernels):
 
     python benchmarks/compile_side_by_side.py                    # float32 and bf16, D 64
     python benchmarks/compile_side_by_side.py --dtypes float32 --threads 16 --head-dim 128
 
 On a GPU, `benchmarks/gpu_check.py`'s first-call section measures the whole first call.
-The thread count that helps is at most the number of kernels of the larger half (7) and
-of free cores; Triton's MLIR passes may hold the interpreter lock part of the time, so
-the speed-up is below the core count.
 """
 
 from __future__ import annotations
@@ -35,9 +33,9 @@ BACKWARD = ("seg", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd")
 
 
 def _child(dtype_name: str, D: int, gates: bool, threads: int) -> None:
-    """Compile the forward's kernels, then the backward's, with `threads` threads (1: one by
-    one); print {"forward": s, "backward": s, "slowest": {step: s}} as JSON, slowest the
-    longest single compilation of each step."""
+    """threads 1: compile the forward's kernels one by one, then the backward's; print
+    {"forward": s, "backward": s, "slowest": s}. Else compile all of them at once on
+    `threads` threads, as a training forward's compile-only pass does; print {"step": s}."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -52,12 +50,13 @@ def _child(dtype_name: str, D: int, gates: bool, threads: int) -> None:
     capability, limit = fit.DEVICES["sm_90"]
     cfg = launch_config(D, D, dtype, limit, None, (capability // 10, capability % 10))
 
-    def compile_one(kernel: str) -> float:
+    def compile_one(job: tuple[str, bool]) -> float:
+        kernel, in_forward = job
         t0 = time.perf_counter()
         fn = fit._KERNEL_FN[kernel]
         sig, attrs = fit._signature(fn, dtype, gates)
         constexprs = fit._constexprs(kernel, D, dtype, gates, cfg, 1)
-        if kernel == "seg" and step == "forward":
+        if kernel == "seg" and in_forward:  # the forward's segment keys store no E
             constexprs["STORE_E"] = False
         warps, stages = cfg.launch(kernel)
         triton.compile(ASTSource(fn, sig, constexprs, attrs),
@@ -65,16 +64,21 @@ def _child(dtype_name: str, D: int, gates: bool, threads: int) -> None:
                        options={"num_warps": warps, "num_stages": stages})
         return time.perf_counter() - t0
 
-    out: dict = {"slowest": {}}
-    for step, kernels in (("forward", FORWARD), ("backward", BACKWARD)):
+    fwd = [(k, True) for k in FORWARD]
+    bwd = [(k, False) for k in BACKWARD]
+    out: dict = {}
+    if threads == 1:
+        each = []
+        for step, jobs in (("forward", fwd), ("backward", bwd)):
+            t0 = time.perf_counter()
+            each += [compile_one(j) for j in jobs]
+            out[step] = time.perf_counter() - t0
+        out["slowest"] = max(each)
+    else:
         t0 = time.perf_counter()
-        if threads == 1:
-            each = [compile_one(k) for k in kernels]
-        else:
-            with ThreadPoolExecutor(threads) as pool:
-                each = list(pool.map(compile_one, kernels))
-        out[step] = time.perf_counter() - t0
-        out["slowest"][step] = max(each)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(compile_one, fwd + bwd))
+        out["step"] = time.perf_counter() - t0
     print(json.dumps(out))
 
 
@@ -102,25 +106,20 @@ def main(argv=None) -> None:
         dtype, D, gates, threads = args.child
         _child(dtype, int(D), gates == "1", int(threads))
         return
-    if args.threads < 1:
-        p.error(f"--threads must be at least 1, got {args.threads}")
+    if args.threads < 2:
+        p.error(f"--threads must be at least 2 (side by side), got {args.threads}")
     print(f"sm_90, D = {args.head_dim}, gates {'off' if args.no_gates else 'on'}, "
           f"{os.cpu_count()} CPUs, side by side on {args.threads} threads; seconds\n")
-    print("| dtype | step | one by one | side by side | ratio | slowest kernel alone |")
-    print("|---|---|---|---|---|---|")
+    print("| dtype | one by one: forward | backward | step | side by side: step | ratio | "
+          "slowest kernel |")
+    print("|---|---|---|---|---|---|---|")
     for dtype in args.dtypes:
         serial = _measure(dtype, args.head_dim, not args.no_gates, 1)
         side = _measure(dtype, args.head_dim, not args.no_gates, args.threads)
-        for step in ("forward", "backward"):
-            print(f"| {dtype} | {step} | {serial[step]:.1f} | {side[step]:.1f} | "
-                  f"{side[step] / serial[step]:.2f} | {serial['slowest'][step]:.1f} |",
-                  flush=True)
-        total_s, total_p = (serial["forward"] + serial["backward"],
-                            side["forward"] + side["backward"])
-        floor = sum(serial["slowest"].values())
-        print(f"| {dtype} | both | {total_s:.1f} | {total_p:.1f} | {total_p / total_s:.2f} | "
-              f"{floor:.1f} |", flush=True)
-
+        step = serial["forward"] + serial["backward"]
+        print(f"| {dtype} | {serial['forward']:.1f} | {serial['backward']:.1f} | {step:.1f} | "
+              f"{side['step']:.1f} | {side['step'] / step:.2f} | {serial['slowest']:.1f} |",
+              flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """Kernel launches of the Triton ops, and their first-call compilation side by side.
 
-Every op launches its kernels through `launch_kernel`. `compile_ahead(key, device, run)`
-runs `run` once per key as a compile-only pass, in which each `launch_kernel` submits its
+Every op launches its kernels through `launch_kernel`. `compile_ahead(keys, device, run)`
+runs `run` once as a compile-only pass, in which each `launch_kernel` submits its
 kernel's compilation for exactly the arguments it is given to a thread pool (Triton's
 AsyncCompileMode) instead of launching it; the real call that follows finds every kernel
 compiled. PATHATTN_COMPILE_THREADS sets the pool's size (default: the CPU count; 1 turns
@@ -14,13 +14,13 @@ import contextlib
 import contextvars
 import os
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["launch_kernel", "compile_ahead", "compile_only", "compile_threads", "launch_log",
-           "specialisation"]
+__all__ = ["launch_kernel", "compile_ahead", "compile_only", "compile_threads", "grad_follows",
+           "launch_log", "specialisation"]
 
 _DRY = contextvars.ContextVar("pathattn_compile_only", default=False)
 _LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("pathattn_launch_log",
@@ -153,13 +153,15 @@ def _compiling():
                 _async_compile.active_mode.set(None)
 
 
-def compile_ahead(key: Hashable, device: torch.device, run: Callable[[], object]) -> None:
-    """Once per `key` (and only for CUDA `device`): call `run()` as a compile-only pass, so
-    that every kernel it launches compiles side by side. `run` must launch the kernels of
-    the real call with the same arguments (same shapes, dtypes and constants). An error in
-    the pass turns it off for the process with a warning; the real call then compiles its
-    kernels one by one."""
-    if key in _DONE or not _can_compile_ahead(device):
+def compile_ahead(keys: Sequence[Hashable], device: torch.device,
+                  run: Callable[[], object]) -> None:
+    """Unless every key of `keys` has been compiled ahead (and only for a CUDA `device`):
+    call `run()` as a compile-only pass, so that every kernel it launches compiles side by
+    side, then mark every key done. `run` must launch the kernels of the calls the keys
+    stand for with the same arguments (same shapes, dtypes and constants): a forward's
+    pass may cover its backward too. An error in the pass turns it off for the process
+    with a warning; the real calls then compile their kernels one by one."""
+    if all(key in _DONE for key in keys) or not _can_compile_ahead(device):
         return
     try:
         with _compiling():
@@ -170,4 +172,11 @@ def compile_ahead(key: Hashable, device: torch.device, run: Callable[[], object]
                       "they compile one by one at their launch", RuntimeWarning,
                       stacklevel=2)
         return
-    _DONE.add(key)
+    _DONE.update(keys)
+
+
+def grad_follows(*inputs) -> bool:
+    """Inside an op's forward: whether a backward is likely to follow, i.e. an input
+    requires grad (a custom op's forward runs with grad mode off, so this is the sign
+    left). A wrong guess costs one backward's compilation ahead, never a result."""
+    return any(x is not None and x.requires_grad for x in inputs)

@@ -90,6 +90,55 @@ def test_compile_only_pass_covers_fox_and_sba(dtype):
     _assert_same_launches(lambda: sba_op._backward_kernels(do, q, k, v, cu, 0.2, False, 16))
 
 
+@pytest.mark.parametrize("op", ["path", "fox", "sba"])
+def test_a_training_forward_compiles_its_backward_too(monkeypatch, op):
+    """With an input requiring grad, the forward's pass launches the forward's kernels and
+    then the backward's as the real backward launches them (dO contiguous like o)."""
+    q, k, v, w, beta, g = make_inputs(1, 40, 4, 2, 32, 32, True)
+    do = make_dout(1, 40, 4, 32)
+    cu = torch.tensor([0, 9, 40])
+    if op == "path":
+        fwd_args = (q, k, v, w, beta, g, cu, 0.2, 16, 0)
+        saved = path_op._forward(*fwd_args)
+        real = [lambda: path_op._forward(*fwd_args),
+                lambda: path_op._backward_kernels(do, *fwd_args[:7], *saved, 0.2, 16, 0)]
+        step = lambda: path_op._compile_step(fwd_args, True)  # noqa: E731
+        keys = [path_op._compile_key(s, q, k, v, w, beta, g, cu, 16, 0) for s in ("fwd",
+                                                                                "bwd")]
+    elif op == "fox":
+        fwd_args = (q, k, v, g, cu, 0.2, 16)
+        saved = fox_op._forward(*fwd_args)
+        real = [lambda: fox_op._forward(*fwd_args),
+                lambda: fox_op._backward_kernels(do, *fwd_args[:5], *saved, 0.2, 16)]
+        step = lambda: fox_op._compile_step(fwd_args, True)  # noqa: E731
+        keys = [fox_op._compile_key("bwd", do, *fwd_args)]
+    else:
+        fwd_args = (q, k, v, cu, 0.2, False, 16)
+        real = [lambda: sba_op._forward(*fwd_args),
+                lambda: sba_op._backward_kernels(do, *fwd_args)]
+        step = lambda: sba_op._compile_step(fwd_args)  # noqa: E731
+        keys = [sba_op._compile_key("bwd", do, *fwd_args)]
+    with tlaunch.launch_log() as log:
+        for call in real:
+            call()
+    with tlaunch.launch_log() as dry, tlaunch.compile_only():
+        step()
+    assert [e[1:] for e in dry] == [e[1:] for e in log]
+    assert len(set(keys)) == len(keys)
+    # the forward's keys include the real backward's (dO contiguous, as make_dout's)
+    calls = []
+    module = {"path": path_op, "fox": fox_op, "sba": sba_op}[op]
+    monkeypatch.setattr(module, "compile_ahead", lambda ks, device, run: calls.extend(ks))
+    q.requires_grad_()
+    if op == "path":
+        path_op.path_attn_fwd(q, k, v, w, beta, g, cu, 0.2, 16, 0)
+    elif op == "fox":
+        fox_op.fox_fwd(q, k, v, g, cu, 0.2, 16)
+    else:
+        sba_op.sb_triton_fwd(q, k, v, cu, 0.2, False, 16)
+    assert set(keys) <= set(calls)
+
+
 def test_compile_only_launch_runs_nothing():
     """A launch in a compile-only pass leaves its outputs untouched (under the interpreter,
     where compilation itself does not apply, it is logged and skipped)."""
@@ -116,14 +165,19 @@ def test_compile_ahead_once_per_key_and_only_where_it_applies(monkeypatch):
     calls = []
     monkeypatch.setattr(tlaunch, "_DONE", set())
     # on the CPU (and under the interpreter) the pass never runs
-    tlaunch.compile_ahead(("k",), torch.device("cpu"), lambda: calls.append("cpu"))
+    tlaunch.compile_ahead(["k"], torch.device("cpu"), lambda: calls.append("cpu"))
     assert calls == []
     monkeypatch.setattr(tlaunch, "_can_compile_ahead", lambda device: True)
     monkeypatch.setattr(tlaunch, "_compiling", tlaunch.compile_only)
     for _ in range(2):
-        tlaunch.compile_ahead(("k",), torch.device("cuda"), lambda: calls.append("a"))
-    tlaunch.compile_ahead(("k2",), torch.device("cuda"), lambda: calls.append("b"))
+        tlaunch.compile_ahead(["k"], torch.device("cuda"), lambda: calls.append("a"))
+    tlaunch.compile_ahead(["k2"], torch.device("cuda"), lambda: calls.append("b"))
     assert calls == ["a", "b"]
+    # a forward's pass covering its backward marks both; either missing runs it again
+    tlaunch.compile_ahead(["f", "b"], torch.device("cuda"), lambda: calls.append("fb"))
+    tlaunch.compile_ahead(["b"], torch.device("cuda"), lambda: calls.append("b again"))
+    tlaunch.compile_ahead(["f", "b2"], torch.device("cuda"), lambda: calls.append("fb2"))
+    assert calls == ["a", "b", "fb", "fb2"]
 
 
 def test_a_failing_pass_warns_and_turns_itself_off(monkeypatch):
@@ -137,10 +191,10 @@ def test_a_failing_pass_warns_and_turns_itself_off(monkeypatch):
         raise RuntimeError("no compiler")
 
     with pytest.warns(RuntimeWarning, match="no compiler"):
-        tlaunch.compile_ahead(("k",), torch.device("cuda"), broken)
-    assert ("k",) not in tlaunch._DONE and tlaunch._BROKEN
+        tlaunch.compile_ahead(["k"], torch.device("cuda"), broken)
+    assert "k" not in tlaunch._DONE and tlaunch._BROKEN
     ran = []
-    tlaunch.compile_ahead(("k2",), torch.device("cuda"), lambda: ran.append(1))
+    tlaunch.compile_ahead(["k2"], torch.device("cuda"), lambda: ran.append(1))
     assert ran == []
 
 
@@ -179,10 +233,11 @@ def test_compile_key_separates_what_specialises_the_kernels():
 
 # In a child process without the interpreter, a stand-in for the CUDA driver that names an
 # H100 as the current device: Triton's JIT then specialises and compiles kernels for sm_90
-# on CPU tensors (nothing is launched). The compile-only passes of a PaTH, FoX and
-# stick-breaking step run on a thread pool; the same calls made again must then find every
-# kernel in Triton's cache (the real launches look it up the same way), which the JIT's
-# cache hook counts: it runs only before a compilation.
+# on CPU tensors (nothing is launched). The compile-only pass of a training forward of
+# PaTH, FoX and stick-breaking attention runs on a thread pool; the forward and backward
+# calls made afterwards must find every kernel in Triton's cache (the real launches look
+# it up the same way), which the JIT's cache hook counts: it runs only before a
+# compilation.
 _REAL_JIT_CHILD = r"""
 import json, sys, time, torch, triton
 from triton.backends.compiler import GPUTarget
@@ -214,32 +269,38 @@ cu = torch.tensor([0, 17, 96], dtype=torch.int32)
 
 
 def steps():
-    # outputs of the right shapes for the backward (garbage: logged launches do nothing)
+    # name -> (the training forward's compile-only pass, the real calls of forward and
+    # backward), on the garbage outputs of logged compile-only calls (which do nothing)
+    pa = (q, k, v, w, beta, g, None, 0.2, 16, 0)
+    fa = (q, k, v, g, cu, 0.2, 16)
+    sa = (q, k, v, cu, 0.2, False, 16)
     with tlaunch.launch_log(), tlaunch.compile_only():
-        saved = path_op._forward(q, k, v, w, beta, g, None, 0.2, 16, 0)
-        fox = fox_op._forward(q, k, v, g, cu, 0.2, 16)
+        saved = path_op._forward(*pa)
+        fox = fox_op._forward(*fa)
     return {
-        "path_fwd": lambda: path_op._forward(q, k, v, w, beta, g, None, 0.2, 16, 0),
-        "path_bwd": lambda: path_op._backward_kernels(do, q, k, v, w, beta, g, None, *saved,
-                                                      0.2, 16, 0),
-        "fox_fwd": lambda: fox_op._forward(q, k, v, g, cu, 0.2, 16),
-        "fox_bwd": lambda: fox_op._backward_kernels(do, q, k, v, g, cu, *fox, 0.2, 16),
-        "sba_bwd": lambda: sba_op._backward_kernels(do, q, k, v, cu, 0.2, False, 16),
+        "path": (lambda: path_op._compile_step(pa, True),
+                 lambda: (path_op._forward(*pa),
+                          path_op._backward_kernels(do, *pa[:7], *saved, *pa[7:]))),
+        "fox": (lambda: fox_op._compile_step(fa, True),
+                lambda: (fox_op._forward(*fa),
+                         fox_op._backward_kernels(do, *fa[:5], *fox, *fa[5:]))),
+        "sba": (lambda: sba_op._compile_step(sa),
+                lambda: (sba_op._forward(*sa), sba_op._backward_kernels(do, *sa))),
     }
 
 
 compiled = []
 triton.knobs.runtime.jit_cache_hook = lambda *a, **kw: compiled.append(kw["fn"].name)
 out = {}
-for name, step in steps().items():
+for name, (ahead_step, calls) in steps().items():
     compiled.clear()
     t0 = time.perf_counter()
     with tlaunch._compiling():
-        step()
+        ahead_step()
     ahead = list(compiled)
     compiled.clear()
     with tlaunch.compile_only():
-        step()
+        calls()
     out[name] = {"ahead": ahead, "again": list(compiled), "s": time.perf_counter() - t0}
 print("RESULT" + json.dumps(out))
 """
@@ -247,8 +308,9 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.slow  # compiles every kernel of the three ops for sm_90: about 30 s
 def test_compile_ahead_through_the_real_jit(tmp_path):
-    """The pass through Triton's own JIT and AsyncCompileMode (no interpreter): every step
-    compiles its kernels ahead, each once, and running the step again compiles nothing."""
+    """The pass through Triton's own JIT and AsyncCompileMode (no interpreter): a training
+    forward's pass compiles every kernel of forward and backward, and the real calls'
+    launches then compile nothing."""
     import json
     import os
     import subprocess
@@ -261,18 +323,12 @@ def test_compile_ahead_through_the_real_jit(tmp_path):
     line = [x for x in res.stdout.splitlines() if x.startswith("RESULT")]
     assert res.returncode == 0 and line, res.stderr[-3000:]
     out = json.loads(line[-1][len("RESULT"):])
-    expect = {"path_fwd": {"_ut_fwd_kernel", "_seg_kernel", "_fwd_kernel"},
-              "path_bwd": {"_seg_kernel", "_pi_kernel", "_bwd_kernel", "_bwd_kv_kernel",
-                           "_seg_bwd_kernel", "_ut_bwd_q_kernel", "_ut_bwd_kernel"},
-              "fox_fwd": {"_fwd_kernel", "_tile_cumsum_kernel", "_tile_offset_kernel"},
-              "fox_bwd": {"_dq_kernel", "_dkdv_kernel", "_tile_cumsum_kernel",
-                          "_tile_offset_kernel"},
-              "sba_bwd": {"_dq_kernel", "_dkdv_kernel"}}
-    for step in expect:
-        assert out[step]["again"] == [], (step, out[step])
-        assert len(out[step]["ahead"]) == len(set(out[step]["ahead"])), (step, out[step])
-    assert set(out["path_fwd"]["ahead"]) == expect["path_fwd"]
-    assert set(out["path_bwd"]["ahead"]) == expect["path_bwd"]
-    assert {"_fwd_kernel"} <= set(out["fox_fwd"]["ahead"])
-    assert {"_dq_kernel", "_dkdv_kernel"} <= set(out["fox_bwd"]["ahead"])
-    assert set(out["sba_bwd"]["ahead"]) == expect["sba_bwd"]
+    expect = {"path": {"_ut_fwd_kernel", "_seg_kernel", "_fwd_kernel", "_pi_kernel",
+                       "_bwd_kernel", "_bwd_kv_kernel", "_seg_bwd_kernel", "_ut_bwd_q_kernel",
+                       "_ut_bwd_kernel"},
+              "fox": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_tile_cumsum_kernel",
+                      "_tile_offset_kernel"},
+              "sba": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel"}}
+    for op, kernels in expect.items():
+        assert out[op]["again"] == [], (op, out[op])
+        assert set(out[op]["ahead"]) == kernels, (op, out[op])

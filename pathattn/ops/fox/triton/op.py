@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from ...common.token_blocks import token_tile_table
-from ...common.triton_launch import compile_ahead, specialisation
+from ...common.triton_launch import compile_ahead, grad_follows, specialisation
 from ...common.validation import check_tile_length as check_block_size
 from ._common import TL_DTYPE, interpreting
 from .bwd import key_grads, query_grads
@@ -68,9 +68,29 @@ def fox_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
             block_size: int
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (q, k, v, g, cu_seqlens, scale, block_size)
-    compile_ahead(("fox", "fwd", q.device, specialisation(q, k, v, g), cu_seqlens is None,
-                   block_size), q.device, lambda: _forward(*args))
+    backward = grad_follows(q, k, v, g)
+    keys = [_compile_key("fwd", None, *args)]
+    if backward:  # dO as the backward most often gets it: contiguous, o's shape
+        do = torch.empty(q.shape[:3] + v.shape[-1:], dtype=q.dtype, device="meta")
+        keys.append(_compile_key("bwd", do, *args))
+    compile_ahead(keys, q.device, lambda: _compile_step(args, backward))
     return _forward(*args)
+
+
+def _compile_key(step: str, do, q, k, v, g, cu_seqlens, scale, block_size) -> tuple:
+    """What selects the kernels of a forward (do None) or backward call."""
+    return ("fox", step, q.device, specialisation(do, q, k, v, g), cu_seqlens is None,
+            block_size)
+
+
+def _compile_step(args: tuple, backward: bool) -> None:
+    """The forward's kernel calls, then with `backward` the backward's on tensors shaped as
+    the forward's outputs (and dO as o): the compile-only pass of a training step."""
+    saved = _forward(*args)
+    if backward:
+        q, k, v, g, cu_seqlens, scale, block_size = args
+        _backward_kernels(torch.empty_like(saved[0]), q, k, v, g, cu_seqlens, *saved, scale,
+                          block_size)
 
 
 def _forward(q, k, v, g, cu_seqlens, scale: float, block_size: int):
@@ -101,8 +121,8 @@ def fox_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v, g) in their dtypes from the forward's o, o_lo, lse and G."""
     args = (do, q, k, v, g, cu_seqlens, o, o_lo, lse, G, scale, block_size)
-    compile_ahead(("fox", "bwd", q.device, specialisation(do, q, k, v, g, o, o_lo),
-                   cu_seqlens is None, block_size), q.device, lambda: _backward_kernels(*args))
+    compile_ahead([_compile_key("bwd", do, q, k, v, g, cu_seqlens, scale, block_size)],
+                  q.device, lambda: _backward_kernels(*args))
     return _backward_kernels(*args)
 
 

@@ -11,8 +11,8 @@ and the forward op has a registered autograd formula, so torch.compile traces th
 `path_attn_triton` without a graph break. The forward saves the inputs, o, lse and the UT
 quantities (u, kt, m, the inverses x and the copies wt, vc that the scans read, all of
 `ut.ut_fwd`; O(T) memory), so the UT transform runs once per training step. The first
-forward (backward) call of a configuration compiles its kernels side by side
-(`pathattn.ops.common.triton_launch.compile_ahead`).
+forward call of a configuration compiles its kernels side by side, with the backward's
+when an input requires grad (`pathattn.ops.common.triton_launch.compile_ahead`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ...common.heads import default_scale
 from ...common.layout import token_bounds
-from ...common.triton_launch import compile_ahead, specialisation, specialised
+from ...common.triton_launch import compile_ahead, grad_follows, specialisation, specialised
 from ...common.validation import check_tile_length
 from ..gates import sequence_cumsum
 from ..stages import single_reflection
@@ -142,9 +142,20 @@ def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                              torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
-    compile_ahead(_compile_key("fwd", q, k, v, w, beta, g, cu_seqlens, block_size, seg), q.device,
-                  lambda: _forward(*args))
+    keys = [_compile_key(step, q, k, v, w, beta, g, cu_seqlens, block_size, seg)
+            for step in ("fwd", "bwd")[:1 + grad_follows(q, k, v, w, beta, g)]]
+    compile_ahead(keys, q.device, lambda: _compile_step(args, len(keys) > 1))
     return _forward(*args)
+
+
+def _compile_step(args: tuple, backward: bool) -> None:
+    """The forward's kernel calls, then with `backward` the backward's on tensors shaped as
+    the forward's outputs (and dO as o): the compile-only pass of a training step."""
+    saved = _forward(*args)
+    if backward:
+        q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg = args
+        _backward_kernels(torch.empty_like(saved[0]), q, k, v, w, beta, g, cu_seqlens, *saved,
+                          scale, block_size, seg)
 
 
 def _forward(q, k, v, w, beta, g, cu_seqlens, scale: float, block_size: int, seg: int):
@@ -198,8 +209,8 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     is an empty tensor when g is None."""
     args = (do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, scale,
             block_size, seg)
-    compile_ahead(_compile_key("bwd", q, k, v, w, beta, g, cu_seqlens, block_size, seg), q.device,
-                  lambda: _backward_kernels(*args))
+    compile_ahead([_compile_key("bwd", q, k, v, w, beta, g, cu_seqlens, block_size, seg)],
+                  q.device, lambda: _backward_kernels(*args))
     return _backward_kernels(*args)
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ...common.token_blocks import token_tile_table
-from ...common.triton_launch import compile_ahead, specialisation
+from ...common.triton_launch import compile_ahead, grad_follows, specialisation
 from ...common.triton_tiles import TL_DTYPE, interpreting, padded_dim
 from ...common.validation import check_tile_length as check_block_size
 from . import config
@@ -49,6 +49,30 @@ def _tile_args(q: torch.Tensor, v: torch.Tensor, kernel: str, block_size: int) -
 def sb_triton_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
                   attend_current: bool, block_size: int) -> torch.Tensor:
+    args = (q, k, v, cu_seqlens, scale, attend_current, block_size)
+    if grad_follows(q, k, v):  # the forward's one kernel, with the backward's two
+        do = torch.empty(q.shape[:3] + v.shape[-1:], dtype=q.dtype, device="meta")
+        compile_ahead([_compile_key("fwd", None, *args), _compile_key("bwd", do, *args)],
+                      q.device, lambda: _compile_step(args))
+    return _forward(*args)
+
+
+def _compile_key(step: str, do, q, k, v, cu_seqlens, scale, attend_current, block_size
+                 ) -> tuple:
+    """What selects the kernels of a forward (do None) or backward call."""
+    return ("sba", step, q.device, specialisation(do, q, k, v), cu_seqlens is None,
+            attend_current, block_size)
+
+
+def _compile_step(args: tuple) -> None:
+    """The forward's kernel call, then the backward's with dO shaped as o: the compile-only
+    pass of a training step."""
+    o = _forward(*args)
+    _backward_kernels(torch.empty_like(o), *args)
+
+
+def _forward(q, k, v, cu_seqlens, scale: float, attend_current: bool, block_size: int):
+    """`sb_triton_fwd`'s kernel."""
     B, T, HQ, _ = q.shape
     args = _tile_args(q, v, "fwd", block_size)
     table = token_tile_table(B, T, cu_seqlens, args["BT"], q.device)
@@ -68,8 +92,7 @@ def sb_triton_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                   block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v) in their dtype, recomputing the forward's tiles."""
     args = (do, q, k, v, cu_seqlens, scale, attend_current, block_size)
-    compile_ahead(("sba", "bwd", q.device, specialisation(do, q, k, v), cu_seqlens is None,
-                   attend_current, block_size), q.device, lambda: _backward_kernels(*args))
+    compile_ahead([_compile_key("bwd", *args)], q.device, lambda: _backward_kernels(*args))
     return _backward_kernels(*args)
 
 
