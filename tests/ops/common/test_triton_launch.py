@@ -23,6 +23,7 @@ from pathattn.ops.fox.triton import op as fox_op  # noqa: E402
 from pathattn.ops.path.triton import op as path_op  # noqa: E402
 from pathattn.ops.sba.triton import op as sba_op  # noqa: E402
 
+from .._jit_stub import run_child  # noqa: E402
 from ..path._helpers import make_dout, make_inputs, make_reflection_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -231,32 +232,14 @@ def test_compile_key_separates_what_specialises_the_kernels():
 
 
 
-# In a child process without the interpreter, a stand-in for the CUDA driver that names an
-# H100 as the current device: Triton's JIT then specialises and compiles kernels for sm_90
-# on CPU tensors (nothing is launched). The compile-only pass of a training forward of
-# PaTH, FoX and stick-breaking attention runs on a thread pool; the forward and backward
-# calls made afterwards must find every kernel in Triton's cache (the real launches look
-# it up the same way), which the JIT's cache hook counts: it runs only before a
-# compilation.
+# In a child process with Triton's JIT on an H100 stand-in (`tests/ops/_jit_stub.py`),
+# kernels specialise and compile for sm_90 on CPU tensors (nothing is launched). The
+# compile-only pass of a training forward of PaTH, FoX and stick-breaking attention runs
+# on a thread pool; the forward and backward calls made afterwards must find every kernel
+# in Triton's cache (the real launches look it up the same way), which the JIT's cache
+# hook counts: it runs only before a compilation.
 _REAL_JIT_CHILD = r"""
-import json, sys, time, torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.runtime.driver import driver
-
-
-class H100Stub:
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-
-driver.set_active(H100Stub())
-sys.path.insert(0, sys.argv[1])
+import json, time, torch, triton
 from pathattn.ops.common import triton_launch as tlaunch
 from pathattn.ops.fox.triton import op as fox_op
 from pathattn.ops.path.triton import op as path_op
@@ -311,18 +294,7 @@ def test_compile_ahead_through_the_real_jit(tmp_path):
     """The pass through Triton's own JIT and AsyncCompileMode (no interpreter): a training
     forward's pass compiles every kernel of forward and backward, and the real calls'
     launches then compile nothing."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path),
-               PATHATTN_COMPILE_THREADS="2", TRITON_DEFAULT_FP_FUSION="1")
-    res = subprocess.run([sys.executable, "-c", _REAL_JIT_CHILD, str(ROOT)], env=env,
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
-    line = [x for x in res.stdout.splitlines() if x.startswith("RESULT")]
-    assert res.returncode == 0 and line, res.stderr[-3000:]
-    out = json.loads(line[-1][len("RESULT"):])
+    out = run_child(_REAL_JIT_CHILD, tmp_path)
     expect = {"path": {"_ut_fwd_kernel", "_seg_kernel", "_fwd_kernel", "_pi_kernel",
                        "_bwd_kernel", "_bwd_kv_kernel", "_seg_bwd_kernel", "_ut_bwd_q_kernel",
                        "_ut_bwd_kernel"},
