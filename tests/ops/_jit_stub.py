@@ -50,3 +50,93 @@ def run_child(source: str, cache_dir: Path, *args: str, timeout: float = 600) ->
     line = [x for x in res.stdout.splitlines() if x.startswith("RESULT")]
     assert res.returncode == 0 and line, res.stderr[-3000:]
     return json.loads(line[-1][len("RESULT"):])
+
+
+# Child source (after STUB): per case of sys.argv[2], JSON [(op, dtype, D, gates, HQ, H,
+# R)], the JIT's view of a training step's launches (the compile-only pass of a forward
+# requiring grad, the JIT's cache hook refusing every compilation) and the op's `fit`
+# view of its kernels: per kernel argument types (constexpr ones left out), divisibility
+# attributes, constants by argument index and (num_warps, num_stages).
+JIT_VS_FIT = r"""
+import json, torch, triton
+from pathattn.ops.common import triton_launch as tlaunch
+from pathattn.ops.fox.triton import fit as fox_fit, op as fox_op
+from pathattn.ops.path.triton import fit as path_fit, op as path_op
+from pathattn.ops.path.triton.config import launch_config
+from pathattn.ops.sba.triton import fit as sba_fit, op as sba_op
+from tests.ops.path._helpers import make_inputs, make_reflection_inputs
+
+
+def view(fn, signature, attrs, constexprs, warps, stages):
+    return {"signature": {k: v for k, v in signature.items() if v != "constexpr"},
+            "attrs": {str(list(k)): v for k, v in attrs.items() if v},
+            "constants": {str([fn.arg_names.index(k)]): repr(v)
+                          for k, v in constexprs.items()},
+            "launch": [warps, stages]}
+
+
+def fit_views(op, dtype, D, gates, HQ, H, R):
+    if op == "path":
+        cfg = launch_config(D, D, dtype, path_fit.DEVICES["sm_90"][1], None, (9, 0), R)
+        out = {}
+        for name, fn in path_fit._KERNEL_FN.items():
+            sig, attrs = path_fit._signature(fn, dtype, gates)
+            consts = path_fit._constexprs(name, D, dtype, gates, cfg, HQ // H)
+            out[fn.fn.__name__] = view(fn, sig, attrs, consts, *cfg.launch(name))
+        return cfg.BT, out
+    specs = (fox_fit if op == "fox" else sba_fit).specializations(D, dtype, HQ // H)
+    return 0, {s.fn.fn.__name__: view(s.fn, s.signature, s.attrs, s.constexprs,
+                                      s.num_warps, s.num_stages) for s in specs}
+
+
+out = []
+for op, dt, D, gates, HQ, H, R in json.loads(sys.argv[2]):
+    dtype = getattr(torch, dt)
+    if R == 1:
+        q, k, v, w, beta, g = make_inputs(2, 128, HQ, H, D, D, gates, dtype)
+    else:
+        q, k, v, w, beta, g = make_reflection_inputs(2, 128, HQ, H, D, D, R, gates, dtype)
+    BT, fits = fit_views(op, dtype, D, gates, HQ, H, R)
+    seen = []
+
+    def hook(*args, **kw):
+        c = kw["compile"]
+        consts = {str(list(k)): repr(v) for k, v in c["constants"].items()}
+        seen.append({"kernel": kw["fn"].name,
+                     "signature": {k: v for k, v in c["signature"].items()
+                                   if v != "constexpr"},
+                     "attrs": {str(list(k)): v for k, v in dict(c["configs"][0]).items() if v},
+                     "constants": consts, "launch": [c["num_warps"], c["num_stages"]]})
+        return True  # no compilation
+
+    triton.knobs.runtime.jit_cache_hook = hook
+    with tlaunch.compile_only():
+        if op == "path":
+            path_op._compile_step((q, k, v, w, beta, g, None, D ** -0.5, BT, 0), True)
+        elif op == "fox":
+            fox_op._compile_step((q, k, v, g, None, D ** -0.5, 0), True)
+        else:
+            sba_op._compile_step((q, k, v, None, D ** -0.5, False, 0))
+    triton.knobs.runtime.jit_cache_hook = None
+    out.append({"case": [op, dt, D, gates, HQ, H, R], "jit": seen, "fit": fits})
+print("RESULT" + json.dumps(out))
+"""
+
+
+def assert_jit_matches_fit(case: dict, skip: tuple = (), fix=None) -> None:
+    """Every launch of `case` (a JIT_VS_FIT result) but the kernels named in `skip` has the
+    argument types, divisibility, constants and launch options of the op's `fit` view of
+    that kernel; fix(kernel, constants, fit_constants) may adjust a launch's constants
+    first (a documented difference). Every `fit` kernel is launched."""
+    jit, fits, where = case["jit"], case["fit"], case["case"]
+    assert {j["kernel"] for j in jit} - set(skip) == set(fits) - set(skip), where
+    for j in jit:
+        if j["kernel"] in skip:
+            continue
+        f = fits[j["kernel"]]
+        for field in ("signature", "attrs", "launch"):
+            assert j[field] == f[field], (where, j["kernel"], field)
+        consts = dict(j["constants"])
+        if fix is not None:
+            fix(j["kernel"], consts, f["constants"])
+        assert consts == f["constants"], (where, j["kernel"])

@@ -80,7 +80,7 @@ def sequence_cumsum(x: torch.Tensor, table: torch.Tensor, BT: int,
     BH = min(32, triton.next_power_of_2(max(HQ, 1)))
     grid = (table.shape[0], triton.cdiv(HQ, BH))
     launch_kernel(_tile_cumsum_kernel, grid)(x, out, total, table, HQ, REVERSE=reverse, BT=BT,
-                                             BH=BH)
+                                             BH=BH, num_warps=4, num_stages=1)
     launch_kernel(_tile_offset_kernel, grid)(out, total, table, HQ, REVERSE=reverse, BT=BT,
-                                             BH=BH, BB=32)
+                                             BH=BH, BB=32, num_warps=4, num_stages=1)
     return out

@@ -80,5 +80,6 @@ def sb_forward(q, k, v, table, scale: float, attend_current: bool, BT: int, BD: 
         q, k, v, o, table, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), o.stride(0), o.stride(1), scale * 1.4426950408889634, D, Dv,
         GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate,
-        STAGES=launch["stages"], CURRENT=attend_current, num_warps=launch["num_warps"])
+        STAGES=launch["stages"], CURRENT=attend_current, num_warps=launch["num_warps"],
+        num_stages=1)
     return o

@@ -94,3 +94,20 @@ def test_matrix_products_per_tile_pair_at_d64(reports, kernel):
     assert r["BT"] == 64, f"{kernel}: the cap below is for 64-token tiles: {r}"
     cap = PRODUCTS_PER_TILE_PAIR[kernel] * 4
     assert 0 < r["mma_per_pair"] <= cap, f"{kernel}: {r['mma_per_pair']} wgmma > {cap}: {r}"
+
+
+def test_ahead_of_time_compilations_are_the_jits(tmp_path):
+    """The specializations compiled here are what Triton's JIT compiles for the op's real
+    launches of a training step (argument types, divisibility, constants, num_warps /
+    num_stages per kernel), seen through the JIT on an H100 stand-in
+    (`tests/ops/_jit_stub.py`). The gate cumsum kernels are left out: `fit` lists
+    one variant of them (no MMA, no loop over key tiles), the op launches four (forward /
+    reverse, gate / float32 dtypes)."""
+    from ..._jit_stub import JIT_VS_FIT, assert_jit_matches_fit, run_child
+
+    cases = [("fox", "bfloat16", 64, True, 32, 16, 1), ("fox", "bfloat16", 128, True, 16, 16, 1),
+             ("fox", "float32", 64, True, 16, 16, 1)]
+    out = run_child(JIT_VS_FIT, tmp_path, json.dumps(cases))
+    assert [c["case"] for c in out] == [list(c) for c in cases]
+    for case in out:
+        assert_jit_matches_fit(case, skip=("_tile_cumsum_kernel", "_tile_offset_kernel"))

@@ -38,7 +38,7 @@ from pathattn.ops.path.triton.config import (  # noqa: E402
     register_cap,
 )
 
-from ..._jit_stub import run_child  # noqa: E402
+from ..._jit_stub import JIT_VS_FIT, assert_jit_matches_fit, run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[4]
 pytestmark = pytest.mark.slow  # two compiling child processes, about a minute
@@ -138,77 +138,28 @@ def test_no_fit_raises():
         launch_config(64, 64, torch.float32, H100_SHARED, 128)
 
 
-# The JIT's view of a training step's launches (on the H100 stand-in of
-# `tests/ops/_jit_stub.py`, its cache hook refusing every compilation): per kernel the
-# argument types, the divisibility attributes and the constants it would compile with.
-_JIT_SIGNATURES = r"""
-import json, torch, triton
-from pathattn.ops.common import triton_launch as tlaunch
-from pathattn.ops.path.triton import fit, op
-from pathattn.ops.path.triton.config import launch_config
-from tests.ops.path._helpers import make_inputs, make_reflection_inputs
-
-out = []
-for dt, D, gates, HQ, H, R in json.loads(sys.argv[2]):
-    dtype = getattr(torch, dt)
-    if R == 1:
-        xs = make_inputs(2, 128, HQ, H, D, D, gates, dtype)
-    else:
-        xs = make_reflection_inputs(2, 128, HQ, H, D, D, R, gates, dtype)
-    cfg = launch_config(D, D, dtype, fit.DEVICES["sm_90"][1], None, (9, 0), R)
-    seen = []
-
-    def hook(*args, **kw):
-        c = kw["compile"]
-        attrs = {str(list(k)): v for k, v in dict(c["configs"][0]).items() if v}
-        seen.append({"kernel": kw["fn"].name, "signature": c["signature"], "attrs": attrs,
-                     "constants": {str(list(k)): repr(v) for k, v in c["constants"].items()},
-                     "launch": [c["num_warps"], c["num_stages"]]})
-        return True  # no compilation
-
-    triton.knobs.runtime.jit_cache_hook = hook
-    with tlaunch.compile_only():
-        op._compile_step(xs + (None, D ** -0.5, cfg.BT, 0), True)
-    triton.knobs.runtime.jit_cache_hook = None
-    fits = {}
-    for name, fn in fit._KERNEL_FN.items():
-        sig, attrs = fit._signature(fn, dtype, gates)
-        consts = fit._constexprs(name, D, dtype, gates, cfg, HQ // H)
-        fits[fn.fn.__name__] = {
-            "kernel": name, "signature": {k: v for k, v in sig.items() if v != "constexpr"},
-            "attrs": {str(list(k)): v for k, v in attrs.items()},
-            "constants": {str([fn.arg_names.index(k)]): repr(v) for k, v in consts.items()},
-            "launch": list(cfg.launch(name))}
-    out.append({"case": [dt, D, gates, HQ, H, R], "jit": seen, "fit": fits})
-print("RESULT" + json.dumps(out))
-"""
 
 # (dtype, D, gates, HQ, H, R): head counts divisible by 16, as `fit` assumes
 JIT_CASES = [("bfloat16", 64, True, 16, 16, 1), ("bfloat16", 128, False, 32, 16, 1),
              ("float32", 64, True, 16, 16, 1), ("bfloat16", 64, False, 16, 16, 2)]
 
 
+def _store_e(kernel: str, consts: dict, fit_consts: dict) -> None:
+    """`fit` compiles the segment-key kernel as the backward launches it (storing E); the
+    forward's launch differs in that constant only."""
+    if kernel == "_seg_kernel":
+        for k, v in fit_consts.items():
+            if v == "True" and consts.get(k) == "False":
+                consts[k] = "True"
+
+
 def test_ahead_of_time_compilations_are_the_jits(tmp_path):
     """What `fit` (and so `test_compiled.py` and `benchmarks/triton_fit.py`) compiles ahead
     of time is what Triton's JIT compiles for the op's real launches of a training step:
     per kernel the same argument types, divisibility attributes, constants and num_warps /
-    num_stages. The one exception: `fit` compiles the segment-key kernel as the backward
-    launches it (storing E), the forward's launch differs in that constant only."""
-    out = run_child(_JIT_SIGNATURES, tmp_path, json.dumps(JIT_CASES))
-    assert [c["case"] for c in out] == [list(c) for c in JIT_CASES]
+    num_stages, seen through the JIT on an H100 stand-in (`tests/ops/_jit_stub.py`)."""
+    cases = [("path", *c) for c in JIT_CASES]
+    out = run_child(JIT_VS_FIT, tmp_path, json.dumps(cases))
+    assert [c["case"] for c in out] == [list(c) for c in cases]
     for case in out:
-        jit, fits = case["jit"], case["fit"]
-        where = case["case"]
-        assert {j["kernel"] for j in jit} == set(fits), where
-        for j in jit:
-            f = fits[j["kernel"]]
-            sig = {k: v for k, v in j["signature"].items() if v != "constexpr"}
-            assert sig == f["signature"], (where, f["kernel"])
-            assert j["attrs"] == f["attrs"], (where, f["kernel"])
-            assert j["launch"] == f["launch"], (where, f["kernel"])
-            consts = dict(j["constants"])
-            if f["kernel"] == "seg" and consts != f["constants"]:
-                store_e = next(k for k, v in f["constants"].items() if v == "True"
-                               and consts.get(k) == "False")
-                consts[store_e] = "True"  # the forward's launch: STORE_E=False
-            assert consts == f["constants"], (where, f["kernel"])
+        assert_jit_matches_fit(case, fix=_store_e)

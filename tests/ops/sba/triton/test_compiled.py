@@ -83,3 +83,18 @@ def test_two_blocks_per_sm(reports, key):
     r = reports[key]
     assert r["blocks"] >= MIN_BLOCKS_PER_SM, f"{key}: {r}"
     assert r["mma_per_pair"] > 0, f"{key}: the tile-pair loop has no MMA: {r}"
+
+
+def test_ahead_of_time_compilations_are_the_jits(tmp_path):
+    """The specializations compiled here are what Triton's JIT compiles for the op's real
+    launches of a training step (argument types, divisibility, constants, num_warps /
+    num_stages per kernel), seen through the JIT on an H100 stand-in
+    (`tests/ops/_jit_stub.py`)."""
+    from ..._jit_stub import JIT_VS_FIT, assert_jit_matches_fit, run_child
+
+    cases = [("sba", "bfloat16", 64, True, 32, 16, 1), ("sba", "bfloat16", 128, True, 16, 16, 1),
+             ("sba", "float32", 64, True, 16, 16, 1)]
+    out = run_child(JIT_VS_FIT, tmp_path, json.dumps(cases))
+    assert [c["case"] for c in out] == [list(c) for c in cases]
+    for case in out:
+        assert_jit_matches_fit(case)
