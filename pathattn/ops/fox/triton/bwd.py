@@ -165,8 +165,7 @@ def key_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: int,
         q, k, v, G, do, lse, delta, dk, dv, dcol, table, *_strides(q, k, v, do), scale,
         scale * 1.4426950408889634, HQ, H, D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
         DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
-        num_warps=launch["num_warps"],
-        num_stages=1)
+        num_warps=launch["num_warps"], num_stages=1)
     return dk, dv, dcol
 
 
@@ -182,6 +181,5 @@ def query_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: in
         q, k, v, G, do, lse, delta, dq, drow, table, *_strides(q, k, v, do), scale,
         scale * 1.4426950408889634, HQ, D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
         DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
-        num_warps=launch["num_warps"],
-        num_stages=1)
+        num_warps=launch["num_warps"], num_stages=1)
     return dq, drow

@@ -110,6 +110,5 @@ def fox_forward(q, k, v, G, table, scale: float, BT: int, BD: int, BDV: int, dt,
         q, k, v, G, o, o_lo if split else o, lse, table, q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale * 1.4426950408889634, HQ,
         D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate,
-        STAGES=launch["stages"], SPLIT_O=split, num_warps=launch["num_warps"],
-        num_stages=1)
+        STAGES=launch["stages"], SPLIT_O=split, num_warps=launch["num_warps"], num_stages=1)
     return o, o_lo, lse

@@ -209,8 +209,7 @@ def query_grads(q, k, v, do, dq, snapshots, table, scale: float, attend_current:
         q, k, v, do, dq, snapshots[0], snapshots[1], table, *_strides(q, k, v, do, dq),
         scale, scale * 1.4426950408889634, N, snapshots.shape[2], D, Dv, GROUP=HQ // H, BT=BT,
         BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
-        CURRENT=attend_current, num_warps=launch["num_warps"],
-        num_stages=1)
+        CURRENT=attend_current, num_warps=launch["num_warps"], num_stages=1)
 
 
 def key_grads(q, k, v, do, dk, dv, snapshots, table, scale: float, attend_current: bool,
@@ -225,5 +224,4 @@ def key_grads(q, k, v, do, dk, dv, snapshots, table, scale: float, attend_curren
         *_strides(q, k, v, do, dk, dv), scale, scale * 1.4426950408889634, N,
         snapshots.shape[2], D, Dv, GROUP=HQ // H, BT=BT,
         BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
-        CURRENT=attend_current, num_warps=launch["num_warps"],
-        num_stages=1)
+        CURRENT=attend_current, num_warps=launch["num_warps"], num_stages=1)
