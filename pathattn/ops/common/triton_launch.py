@@ -4,8 +4,9 @@ Every op launches its kernels through `launch_kernel`. `compile_ahead(keys, devi
 runs `run` once as a compile-only pass, in which each `launch_kernel` submits its
 kernel's compilation for exactly the arguments it is given to a thread pool (Triton's
 AsyncCompileMode) instead of launching it; the real call that follows finds every kernel
-compiled. PATHATTN_COMPILE_THREADS sets the pool's size (default: the CPU count; 1 turns
-the pass off). docs/ops.md ("Triton kernels") gives the reasons and the limits.
+compiled. PATHATTN_COMPILE_THREADS sets the pool's size (default: the usable CPUs, shared
+among a node's processes; 1 turns the pass off). docs/ops.md ("Triton kernels") gives the
+reasons and the limits.
 """
 
 from __future__ import annotations
@@ -93,11 +94,19 @@ def specialisation(*args) -> tuple:
 
 
 def compile_threads() -> int:
-    """Threads compiling kernels side by side (PATHATTN_COMPILE_THREADS, default the CPU
-    count); a ValueError names the variable when it is not a positive integer."""
+    """Threads compiling kernels side by side: PATHATTN_COMPILE_THREADS, else the CPUs this
+    process may run on shared among the local processes of a launcher that sets
+    LOCAL_WORLD_SIZE (torchrun). A ValueError names the variable when it is not a positive
+    integer."""
     raw = os.environ.get("PATHATTN_COMPILE_THREADS", "")
     if raw == "":
-        return os.cpu_count() or 1
+        cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                else os.cpu_count() or 1)
+        try:
+            local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            local = 1
+        return max(1, cpus // local)
     try:
         n = int(raw)
     except ValueError:

@@ -201,7 +201,14 @@ def test_a_failing_pass_warns_and_turns_itself_off(monkeypatch):
 
 def test_compile_threads(monkeypatch):
     monkeypatch.delenv("PATHATTN_COMPILE_THREADS", raising=False)
-    assert tlaunch.compile_threads() >= 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(tlaunch.os, "sched_getaffinity", lambda pid: set(range(16)),
+                        raising=False)
+    assert tlaunch.compile_threads() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # torchrun, 8 processes on this node
+    assert tlaunch.compile_threads() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert tlaunch.compile_threads() == 1
     monkeypatch.setenv("PATHATTN_COMPILE_THREADS", "3")
     assert tlaunch.compile_threads() == 3
     for bad in ("0", "-2", "many"):
