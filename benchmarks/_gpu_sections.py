@@ -276,8 +276,12 @@ def child_first_call(args) -> int:
         torch.autograd.grad(path_attn(*xs, backend="triton"), xs, dout)
         sync(device)
         times.append(time.perf_counter() - t1)
-    print(CHILD_MARK + json.dumps(dict(zip(("setup_s", "first_s", "second_s"), times,
-                                           strict=True))), flush=True)
+    from pathattn.ops.common.triton_launch import compile_ahead_status
+
+    row = dict(zip(("setup_s", "first_s", "second_s"), times, strict=True))
+    status = compile_ahead_status()  # did the first call compile its kernels side by side?
+    row |= {"compiled_ahead": status["keys"], "compile_ahead_error": status["error"]}
+    print(CHILD_MARK + json.dumps(row), flush=True)
     return 0
 
 

@@ -70,6 +70,9 @@ def test_first_call_per_dtype(smoke):
     assert [r["dtype"] for r in rows] == ["fp32"]
     for r in rows:
         assert r["status"] == "ok" and _positive(r["first_s"]) and _positive(r["second_s"])
+        # on the CPU the kernels are interpreted: nothing compiles ahead, and nothing failed
+        assert r["compiled_ahead"] == 0 and r["compile_ahead_error"] is None
+        assert r["compile_threads"] >= 2
 
 
 def test_triage_rows(smoke):

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["launch_kernel", "compile_ahead", "compile_only", "compile_threads", "grad_follows",
-           "launch_log", "specialisation"]
+__all__ = ["launch_kernel", "compile_ahead", "compile_ahead_status", "compile_only",
+           "compile_threads", "grad_follows", "launch_log", "specialisation"]
 
 _DRY = contextvars.ContextVar("pathattn_compile_only", default=False)
 _LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("pathattn_launch_log",
@@ -182,6 +182,13 @@ def compile_ahead(keys: Sequence[Hashable], device: torch.device,
                       stacklevel=2)
         return
     _DONE.update(keys)
+
+
+def compile_ahead_status() -> dict:
+    """{"keys": configurations compiled ahead so far in this process, "threads": the pool's
+    size, "error": the error that turned the pass off (repr), or None}."""
+    return {"keys": len(_DONE), "threads": compile_threads(),
+            "error": repr(_BROKEN[0]) if _BROKEN else None}
 
 
 def grad_follows(*inputs) -> bool:

@@ -197,6 +197,8 @@ def test_a_failing_pass_warns_and_turns_itself_off(monkeypatch):
     ran = []
     tlaunch.compile_ahead(["k2"], torch.device("cuda"), lambda: ran.append(1))
     assert ran == []
+    status = tlaunch.compile_ahead_status()
+    assert status["keys"] == 0 and "no compiler" in status["error"]
 
 
 def test_compile_threads(monkeypatch):
