@@ -55,8 +55,8 @@ def run_child(source: str, cache_dir: Path, *args: str, timeout: float = 600) ->
 # Child source (after STUB): per case of sys.argv[2], JSON [(op, dtype, D, gates, HQ, H,
 # R)], the JIT's view of a training step's launches (the compile-only pass of a forward
 # requiring grad, the JIT's cache hook refusing every compilation) and the op's `fit`
-# view of its kernels: per kernel argument types (constexpr ones left out), divisibility
-# attributes, constants by argument index and (num_warps, num_stages).
+# views of its kernels, a list per kernel function: argument types (constexpr ones left
+# out), divisibility attributes, constants by argument index and (num_warps, num_stages).
 JIT_VS_FIT = r"""
 import json, torch, triton
 from pathattn.ops.common import triton_launch as tlaunch
@@ -82,11 +82,17 @@ def fit_views(op, dtype, D, gates, HQ, H, R):
         for name, fn in path_fit._KERNEL_FN.items():
             sig, attrs = path_fit._signature(fn, dtype, gates)
             consts = path_fit._constexprs(name, D, dtype, gates, cfg, HQ // H)
-            out[fn.fn.__name__] = view(fn, sig, attrs, consts, *cfg.launch(name))
+            out[fn.fn.__name__] = [view(fn, sig, attrs, consts, *cfg.launch(name))]
         return cfg.BT, out
-    specs = (fox_fit if op == "fox" else sba_fit).specializations(D, dtype, HQ // H)
-    return 0, {s.fn.fn.__name__: view(s.fn, s.signature, s.attrs, s.constexprs,
-                                      s.num_warps, s.num_stages) for s in specs}
+    if op == "fox":
+        specs = fox_fit.specializations(D, dtype, HQ // H, heads=HQ)
+    else:
+        specs = sba_fit.specializations(D, dtype, HQ // H)
+    out = {}
+    for s in specs:
+        out.setdefault(s.fn.fn.__name__, []).append(
+            view(s.fn, s.signature, s.attrs, s.constexprs, s.num_warps, s.num_stages))
+    return 0, out
 
 
 out = []
@@ -123,20 +129,24 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def assert_jit_matches_fit(case: dict, skip: tuple = (), fix=None) -> None:
-    """Every launch of `case` (a JIT_VS_FIT result) but the kernels named in `skip` has the
-    argument types, divisibility, constants and launch options of the op's `fit` view of
-    that kernel; fix(kernel, constants, fit_constants) may adjust a launch's constants
-    first (a documented difference). Every `fit` kernel is launched."""
+def assert_jit_matches_fit(case: dict, fix=None) -> None:
+    """Every launch of `case` (a JIT_VS_FIT result) has the argument types, divisibility,
+    constants and launch options of one of the op's `fit` views of its kernel, and every
+    view is launched; fix(kernel, constants, fit_constants) may adjust a launch's
+    constants first (a documented difference)."""
     jit, fits, where = case["jit"], case["fit"], case["case"]
-    assert {j["kernel"] for j in jit} - set(skip) == set(fits) - set(skip), where
+    assert {j["kernel"] for j in jit} == set(fits), where
+    used = set()
     for j in jit:
-        if j["kernel"] in skip:
-            continue
-        f = fits[j["kernel"]]
-        for field in ("signature", "attrs", "launch"):
-            assert j[field] == f[field], (where, j["kernel"], field)
-        consts = dict(j["constants"])
-        if fix is not None:
-            fix(j["kernel"], consts, f["constants"])
-        assert consts == f["constants"], (where, j["kernel"])
+        found = None
+        for i, f in enumerate(fits[j["kernel"]]):
+            consts = dict(j["constants"])
+            if fix is not None:
+                fix(j["kernel"], consts, f["constants"])
+            if consts == f["constants"] and all(j[k] == f[k] for k in
+                                                ("signature", "attrs", "launch")):
+                found = i
+                break
+        assert found is not None, (where, j, fits[j["kernel"]])
+        used.add((j["kernel"], found))
+    assert used == {(k, i) for k, views in fits.items() for i in range(len(views))}, where

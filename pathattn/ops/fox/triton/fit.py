@@ -21,7 +21,9 @@ from .config import launch_config, padded_dim
 
 __all__ = ["Specialization", "specializations", "KERNEL_NAMES"]
 
-KERNEL_NAMES = ("fwd", "dkdv", "dq", "cumsum", "offset")
+# cumsum / offset: the forward's prefix sums of the gates (input dtype), *_rev: the
+# backward's suffix sums of dL/dG (float32)
+KERNEL_NAMES = ("fwd", "dkdv", "dq", "cumsum", "offset", "cumsum_rev", "offset_rev")
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _FLOAT64 = {"G_ptr", "out_ptr", "total_ptr"}  # gates.py's outputs are float64
 _FLOAT32 = {"lse_ptr", "delta_ptr", "dcol_ptr", "drow_ptr"}
@@ -64,9 +66,11 @@ def _signature(fn, dtype: torch.dtype, x_dtype: str = "fp32") -> tuple[dict, dic
     return sig, attrs
 
 
-def specializations(D: int, dtype: torch.dtype, group: int = 1) -> list[Specialization]:
-    """Every kernel of a forward + backward for head dims D = Dv, inputs of `dtype`, GQA
-    group `group`, with the launcher's tile length, warps and stages."""
+def specializations(D: int, dtype: torch.dtype, group: int = 1, heads: int = 32
+                    ) -> list[Specialization]:
+    """Every kernel launch of a forward + backward for head dims D = Dv, inputs of `dtype`,
+    GQA group `group`, `heads` query heads (the gate kernels' head tile), with the
+    launcher's tile length, warps and stages."""
     cfg = launch_config(D, D, dtype)
     BD = padded_dim(D)
     common = {"GROUP": group, "BD": BD, "BDV": BD, "DT": TL_DTYPE[dtype],
@@ -79,9 +83,13 @@ def specializations(D: int, dtype: torch.dtype, group: int = 1) -> list[Speciali
         out.append(Specialization(name, fn, sig, {**common, **extra, "BT": cfg.tile(name),
                                                   "STAGES": launch["stages"]},
                                   attrs, launch["num_warps"]))
-    for name, fn, extra in (("cumsum", gates._tile_cumsum_kernel, {}),
-                            ("offset", gates._tile_offset_kernel, {"BB": 32})):
-        sig, attrs = _signature(fn, dtype)
-        out.append(Specialization(name, fn, sig, {"REVERSE": False, "BT": cfg.tile("fwd"), "BH": 32,
-                                                  **extra}, attrs, 4))
+    BH = min(32, 1 << (max(heads, 1) - 1).bit_length())  # `gates.sequence_cumsum`
+    for suffix, x_dtype, reverse, tile in (("", _TT[dtype], False, "fwd"),
+                                           ("_rev", "fp32", True, "dq")):
+        for name, fn, extra in (("cumsum", gates._tile_cumsum_kernel, {}),
+                                ("offset", gates._tile_offset_kernel, {"BB": 32})):
+            sig, attrs = _signature(fn, dtype, x_dtype)
+            out.append(Specialization(name + suffix, fn, sig,
+                                      {"REVERSE": reverse, "BT": cfg.tile(tile), "BH": BH,
+                                       **extra}, attrs, 4))
     return out

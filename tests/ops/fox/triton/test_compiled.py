@@ -50,7 +50,8 @@ for D, names in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 # two children of about equal cost; the gate kernels do not depend on D
-JOBS = ([[64, ["fwd", "dkdv", "dq", "cumsum", "offset"]]], [[128, list(ATTENTION)]])
+GATES = ("cumsum", "offset", "cumsum_rev", "offset_rev")
+JOBS = ([[64, ["fwd", "dkdv", "dq", *GATES]]], [[128, list(ATTENTION)]])
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def reports() -> dict:
 
 
 def test_every_kernel_fits_an_h100(reports):
-    assert set(reports) == {f"D64-{k}" for k in ATTENTION + ("cumsum", "offset")} | {
+    assert set(reports) == {f"D64-{k}" for k in ATTENTION + GATES} | {
         f"D128-{k}" for k in ATTENTION}
     bad = {k: r for k, r in reports.items()
            if r["spills"] or r["atomics"] or r["shared"] > H100_SHARED}
@@ -100,9 +101,7 @@ def test_ahead_of_time_compilations_are_the_jits(tmp_path):
     """The specializations compiled here are what Triton's JIT compiles for the op's real
     launches of a training step (argument types, divisibility, constants, num_warps /
     num_stages per kernel), seen through the JIT on an H100 stand-in
-    (`tests/ops/_jit_stub.py`). The gate cumsum kernels are left out: `fit` lists
-    one variant of them (no MMA, no loop over key tiles), the op launches four (forward /
-    reverse, gate / float32 dtypes)."""
+    (`tests/ops/_jit_stub.py`), the gate sums' forward and reverse launches included."""
     from ..._jit_stub import JIT_VS_FIT, assert_jit_matches_fit, run_child
 
     cases = [("fox", "bfloat16", 64, True, 32, 16, 1), ("fox", "bfloat16", 128, True, 16, 16, 1),
@@ -110,4 +109,4 @@ def test_ahead_of_time_compilations_are_the_jits(tmp_path):
     out = run_child(JIT_VS_FIT, tmp_path, json.dumps(cases))
     assert [c["case"] for c in out] == [list(c) for c in cases]
     for case in out:
-        assert_jit_matches_fit(case, skip=("_tile_cumsum_kernel", "_tile_offset_kernel"))
+        assert_jit_matches_fit(case)
