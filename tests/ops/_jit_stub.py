@@ -129,11 +129,18 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def assert_jit_matches_fit(case: dict, fix=None) -> None:
-    """Every launch of `case` (a JIT_VS_FIT result) has the argument types, divisibility,
-    constants and launch options of one of the op's `fit` views of its kernel, and every
-    view is launched; fix(kernel, constants, fit_constants) may adjust a launch's
-    constants first (a documented difference)."""
+def assert_jit_matches_fit(cases: list[tuple], cache_dir: Path, fix=None) -> None:
+    """Run JIT_VS_FIT on `cases` ((op, dtype, D, gates, HQ, H, R) each): in every case each
+    launch has the argument types, divisibility, constants and launch options of one of
+    the op's `fit` views of its kernel, and every view is launched; fix(kernel, constants,
+    fit_constants) may adjust a launch's constants first (a documented difference)."""
+    out = run_child(JIT_VS_FIT, cache_dir, json.dumps(cases))
+    assert [c["case"] for c in out] == [list(c) for c in cases]
+    for case in out:
+        _assert_case(case, fix)
+
+
+def _assert_case(case: dict, fix) -> None:
     jit, fits, where = case["jit"], case["fit"], case["case"]
     assert {j["kernel"] for j in jit} == set(fits), where
     used = set()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import warnings
 from collections.abc import Callable, Hashable, Sequence
@@ -38,12 +39,8 @@ def launch_kernel(kernel, grid) -> Callable:
     if log is not None:
         return _logged(log, kernel, grid)
     if _DRY.get():
-        return lambda *args, **kwargs: _compile_only(kernel, grid, *args, **kwargs)
+        return functools.partial(kernel.warmup, grid=grid)
     return kernel[grid]
-
-
-def _compile_only(kernel, grid, *args, **kwargs) -> None:
-    kernel.warmup(*args, grid=grid, **kwargs)
 
 
 def _logged(log: list, kernel, grid) -> Callable:

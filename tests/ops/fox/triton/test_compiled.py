@@ -102,11 +102,8 @@ def test_ahead_of_time_compilations_are_the_jits(tmp_path):
     launches of a training step (argument types, divisibility, constants, num_warps /
     num_stages per kernel), seen through the JIT on an H100 stand-in
     (`tests/ops/_jit_stub.py`), the gate sums' forward and reverse launches included."""
-    from ..._jit_stub import JIT_VS_FIT, assert_jit_matches_fit, run_child
+    from ..._jit_stub import assert_jit_matches_fit
 
-    cases = [("fox", "bfloat16", 64, True, 32, 16, 1), ("fox", "bfloat16", 128, True, 16, 16, 1),
-             ("fox", "float32", 64, True, 16, 16, 1)]
-    out = run_child(JIT_VS_FIT, tmp_path, json.dumps(cases))
-    assert [c["case"] for c in out] == [list(c) for c in cases]
-    for case in out:
-        assert_jit_matches_fit(case)
+    assert_jit_matches_fit([("fox", "bfloat16", 64, True, 32, 16, 1),
+                            ("fox", "bfloat16", 128, True, 16, 16, 1),
+                            ("fox", "float32", 64, True, 16, 16, 1)], tmp_path)

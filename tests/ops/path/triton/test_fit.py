@@ -38,7 +38,7 @@ from pathattn.ops.path.triton.config import (  # noqa: E402
     register_cap,
 )
 
-from ..._jit_stub import JIT_VS_FIT, assert_jit_matches_fit, run_child  # noqa: E402
+from ..._jit_stub import assert_jit_matches_fit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[4]
 pytestmark = pytest.mark.slow  # two compiling child processes, about a minute
@@ -138,7 +138,6 @@ def test_no_fit_raises():
         launch_config(64, 64, torch.float32, H100_SHARED, 128)
 
 
-
 # (dtype, D, gates, HQ, H, R): head counts divisible by 16, as `fit` assumes
 JIT_CASES = [("bfloat16", 64, True, 16, 16, 1), ("bfloat16", 128, False, 32, 16, 1),
              ("float32", 64, True, 16, 16, 1), ("bfloat16", 64, False, 16, 16, 2)]
@@ -158,8 +157,4 @@ def test_ahead_of_time_compilations_are_the_jits(tmp_path):
     of time is what Triton's JIT compiles for the op's real launches of a training step:
     per kernel the same argument types, divisibility attributes, constants and num_warps /
     num_stages, seen through the JIT on an H100 stand-in (`tests/ops/_jit_stub.py`)."""
-    cases = [("path", *c) for c in JIT_CASES]
-    out = run_child(JIT_VS_FIT, tmp_path, json.dumps(cases))
-    assert [c["case"] for c in out] == [list(c) for c in cases]
-    for case in out:
-        assert_jit_matches_fit(case, fix=_store_e)
+    assert_jit_matches_fit([("path", *c) for c in JIT_CASES], tmp_path, fix=_store_e)
