@@ -172,6 +172,10 @@ def _report_rows(reports: list, loops: bool) -> list[str]:
             if loops:
                 where = f"sm_{r.capability} D={c['D']} gates {_ON[c['gates']]} R={c['R']}"
                 notes.append(f"- {where}: " + ("; ".join(map(_loop_note, r.loops)) or "no loop"))
+                if r.sass_loops:
+                    notes.append("  SASS per iteration: " + "; ".join(
+                        f"depth {x.depth}: {x.instructions} instructions, {x.mma} MMA, "
+                        f"{x.local} LDL/STL" for x in r.sass_loops))
         rows += ["", "Loops:", *notes] if notes else []
     return rows
 

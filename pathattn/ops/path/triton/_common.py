@@ -143,6 +143,13 @@ def block_ptrs(ptr, r0, lr, stride, col0, cols):
 
 
 @device_fn
+def gate_ptrs(ptr, hq, NTOK, r0, lr):
+    """Pointers of x[hq, r0 + lr] of a head-major [HQ, NTOK] array (the gate offsets) for a
+    scalar first token r0."""
+    return ptr + (hq.to(tl.int64) * NTOK + r0) + lr
+
+
+@device_fn
 def tile_ptrs(ptr, rows, stride, col0, cols):
     """Pointers of x[rows, col0 + cols]."""
     return ptr + tile_offsets(rows, stride, col0, cols)

@@ -153,10 +153,11 @@ def _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr, v_ptr
 
 
 @triton.jit
-def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr, ms_ptr,
+def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr, ge_ptr,
+                ks_ptr, ms_ptr,
                 pi_ptr, dms_ptr, slot_ptr, pbase_ptr, do_ptr, lse_ptr, delta_ptr, dqt_ptr,
                 ys_ptr, ysd_ptr, yc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr,
-                table_ptr, scale, SEG, HQ, H, D, DV, G: tl.constexpr,
+                table_ptr, scale, SEG, HQ, H, D, DV, NTOK, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
@@ -175,9 +176,9 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
     cmask = cols < D
     vcols = tl.arange(0, BDV)
     vmask = vcols < DV
-    xa, S, gq = query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
-                                  s1, hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC,
-                                  R, BTR)
+    xa, S, gq, ga = query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows,
+                                      rmask, t0, s1, hq, h, scale, HQ, H, D, NTOK, cols,
+                                      cmask, HAS_G, BT, PREC, R, BTR)
     dO = load_raw(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
     lse = tl.load(lse_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
     delta = tl.load(delta_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
@@ -225,8 +226,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
         for j in range(0, SEG):  # plain attention, as the forward met these blocks
             tc = s0 + (sc * SEG + j) * BT
             y = tl.load(yc_ptrs, mask=smask, other=0.0)
-            S, _ = key_block_logits(y, ks_ptr, g_ptr, tc + cbt, t0, tc, hq, h, gq, HQ, H, D,
-                                    cols, cmask, HAS_G, DT, PREC, EMULATE)
+            S, _ = key_block_logits(y, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, gq, ga, HQ,
+                                    H, D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
             g, drow = _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr,
                                            v_ptr, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
                                            BT, DT, PREC, EMULATE)
@@ -236,8 +237,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
             x = apply_transition(x, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
                                  cmask, PREC, BT, R, BTR, TDT, EMULATE)
         tc = s0 + c * BT
-        S, _ = key_block_logits(x, kt_ptr, g_ptr, tc + cbt, t0, tc, hq, h, gq, HQ, H, D, cols,
-                                cmask, HAS_G, DT, PREC, EMULATE)
+        S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, gq, ga, HQ, H, D,
+                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
         g, drow = _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
                                    v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                                    dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
@@ -287,10 +288,11 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     du, dwp = (torch.zeros(N * R, H, D, **f32) for _ in range(2))
     dG = torch.zeros(N, HQ, **f32) if G is not None else None
     dms = torch.zeros(ms.shape, **f32)  # gradients of the segment transitions
+    g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
     launch_kernel(_bwd_kernel, (table.shape[0], HQ))(
-        q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, pi, dms, slots, pbase, do,
+        q, k, v, w, u, kt, m, g64, gs, ge, ks, ms, pi, dms, slots, pbase, do,
         lse, delta, dqt, ys, ysd, yc, dsd, dv, dkt, du, dwp, dG if dG is not None else lse, table,
-        scale, seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
+        scale, seg, HQ, H, D, Dv, N, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
         BK=BK, DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
         **(launch or {}))
     dks, dvq = launch_bwd_kv(ks, v, pi, pbase, G, ysd, do, lse, delta, dG, table, seg, BT, BD,

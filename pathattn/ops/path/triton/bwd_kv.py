@@ -14,7 +14,11 @@ the segment's query blocks runs FlashAttention-2's key-side step on the transpos
 (four products per block pair, dV and dK' in registers), then returns dK' to the segment
 keys, dKs += dK' Pi_{p-1,s}. The M_s inside Pi get their gradient from the query side
 (`bwd.py`), so nothing else flows back here. Gates: the logits hold G_i - G_j, and the
-keys' share of dL/dG, minus the column sums of dS, is added to the program's own rows.
+keys' share of dL/dG, minus the column sums of dS, is added to the program's own rows. The
+gate term is made of the forward's three float32 terms (`fwd.py`), (G_i - G_a0) +
+(G_a0 - G_b1) - (G_j - G_b1) with a0 the first token of the query's block and b1 the last
+of the key block; the first depends on the query only and is subtracted from its
+log-sum-exp on the host, so the loop adds one scalar and one per-key term.
 
 Writes dks and dv per query head ([N, HQ, D], [N, HQ, Dv] float32, every row; `bwd_scan`
 sums a key head's query heads) and subtracts the column sums from dG [N, HQ] in place.
@@ -27,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton_launch import launch_kernel
-from ._common import block_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
+from ._common import block_ptrs, gate_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
 from .crossings import pair_index, times_et
 from .segments import times_e
 
@@ -35,8 +39,8 @@ __all__ = ["launch_bwd_kv"]
 
 
 @triton.jit
-def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ysd_ptr, do_ptr, lse_ptr,
-                   delta_ptr, dks_ptr, dv_ptr, dgate_ptr, table_ptr, SEG, HQ, H, D, DV,
+def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_ptr, lse_ptr,
+                   delta_ptr, dks_ptr, dv_ptr, dgate_ptr, table_ptr, SEG, HQ, H, D, DV, NTOK,
                    G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                    BQ: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr,
                    DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
@@ -62,13 +66,14 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ysd_ptr, do_ptr, lse
     base = tl.load(pbase_ptr + blk)
     dV = tl.zeros([BKT, BDV], dtype=tl.float32)
     dcol = tl.zeros([BKT], dtype=tl.float32)
-    V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
-    gk = tl.zeros([BKT], dtype=tl.float64)  # the keys' cumulative gates
+    ge = tl.zeros([BKT], dtype=tl.float32)  # the keys' gates, G_j - G_b1
     if HAS_G:
-        gk = tl.load(g_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
+        ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, k0, tl.arange(0, BKT)), mask=rmask,
+                     other=0.0)
+    V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
     # dKs waits in its own rows of dks between segments (one fewer tile in registers)
     kmask = rmask[:, None] & cmask[None, :]
-    dks_ptrs = tile_ptrs(dks_ptr, rows, HQ * D, hq * D, cols)
+    dks_ptrs = block_ptrs(dks_ptr, k0, tl.arange(0, BKT), HQ * D, hq * D, cols)
     tl.store(dks_ptrs, tl.zeros([BKT, BD], dtype=tl.float32), mask=kmask)
     for p in range(s + 1, n_seg):  # later segments, left to right: K' = Ks Pi_{p-1,s}^T
         Ks = load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask)
@@ -89,9 +94,11 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ysd_ptr, do_ptr, lse
                           other=float("inf"))  # P = 0 for the rows past the sequence
             delta = tl.load(delta_ptr + row_offsets(qrows, HQ, hq), mask=qmask, other=0.0)
             ST = mm_lp(Ks, tl.trans(Y), DT, PREC, EMULATE)  # [BKT keys, BQ queries]
-            if HAS_G:  # G_i - G_j formed in float64, then rounded (as the forward did)
-                gq = tl.load(g_ptr + row_offsets(qrows, HQ, hq), mask=qmask, other=0.0)
-                ST += (gq[None, :] - gk[:, None]).to(tl.float32)
+            if HAS_G:  # (G_i - G_a0) + (G_a0 - G_b1) - (G_j - G_b1), the first one in lse
+                a0 = s0 + (ta - s0) // BT * BT
+                gab = (tl.load(g_ptr + row_offsets(a0, HQ, hq))
+                       - tl.load(g_ptr + row_offsets(t0 + BT - 1, HQ, hq))).to(tl.float32)
+                ST -= (ge - gab)[:, None]
             PT = tl.exp(ST - lse[None, :])
             dV += mm_lp(PT, dO, DT, PREC, EMULATE)
             dST = PT * (mm_lp(V, tl.trans(dO), DT, PREC, EMULATE) - delta[None, :])
@@ -113,19 +120,22 @@ def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, table, seg: int, 
                   BD: int, BDV: int, BK: int, dt, prec: str, emulate: bool,
                   tiles: tuple[int, int] | None = None, launch: dict | None = None):
     """dks [N, HQ, D] and dv [N, HQ, Dv] (float32) of the module docstring; subtracts the
-    keys' column sums from dG [N, HQ] in place (when G, the float64 cumulative gates, is
-    given). ks [N, H, D], v [N, H, Dv], ys [N, HQ, D] and do [N, HQ, Dv] (the inputs'
-    dtype), lse and
-    delta [N, HQ] float32; pi and pbase of `crossings`. tiles: (BKT, BQ), the keys per
+    keys' column sums from dG [N, HQ] in place (when G, the gates of
+    `op._cumulative_gates`, is given). ks [N, H, D], v [N, H, Dv], ys [N, HQ, D] and do
+    [N, HQ, Dv] (the inputs' dtype), lse and delta [N, HQ] float32; pi and pbase of
+    `crossings`. tiles: (BKT, BQ), the keys per
     program and the queries per step (powers of two dividing BT; default (BT, BT))."""
     N, H, D = ks.shape
     HQ, Dv = do.shape[1], v.shape[-1]
     dks = torch.empty(N, HQ, D, dtype=torch.float32, device=ks.device)
     dv = torch.empty(N, HQ, Dv, dtype=torch.float32, device=ks.device)
     BKT, BQ = tiles or (BT, BT)
+    g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
+    if G is not None:  # each query row's own gate term, G_i - G_a0, taken out of its lse
+        lse = (lse - gs.t()).contiguous()
     launch_kernel(_bwd_kv_kernel, (table.shape[0] * (BT // BKT), HQ))(
-        ks, v, pi, pbase, G if G is not None else lse, ys, do, lse, delta, dks, dv,
-        dG if dG is not None else lse, table, seg, HQ, H, D, Dv, G=HQ // H,
+        ks, v, pi, pbase, g64, ge, ys, do, lse, delta, dks, dv,
+        dG if dG is not None else lse, table, seg, HQ, H, D, Dv, N, G=HQ // H,
         HAS_G=G is not None, BT=BT, BKT=BKT, BQ=BQ, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
         EMULATE=emulate, **(launch or {}))
     return dks, dv

@@ -135,7 +135,7 @@ def _signature(fn, dtype: torch.dtype, gates: bool) -> tuple[dict, dict]:
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-        if sig[name].startswith("*") or name in ("D", "DV", "HQ", "H"):
+        if sig[name].startswith("*") or name in ("D", "DV", "HQ", "H", "NTOK"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 

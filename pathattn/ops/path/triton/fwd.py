@@ -18,10 +18,15 @@ everything else has one row per token. In the loops every product has 16-bit ope
 16-bit inputs and float32 accumulation: the logits and P V in the inputs' dtype, the
 transitions in float16 (`_common.transition_dtype`); the state x stays float32.
 
-Gate terms (PaTH-FoX): G is the per-sequence cumulative sum of g, kept in float64; the
-kernel adds (G_i - G_{a0}) + (G_{a0} - G_{b0}) - (G_j - G_{b0}) with a0, b0 the blocks'
-first tokens, so that only within-block differences and one scalar per block pair are
-rounded to float32.
+Gate terms (PaTH-FoX): G is the per-sequence cumulative sum of g, kept in float64. Inside
+the query block the kernel forms G_i - G_j in float64 and rounds it once. Against an earlier
+key block b it adds three float32 terms, (G_i - G_a0) + (G_a0 - G_b1) - (G_j - G_b1), with
+a0 the query block's first token and b1 the key block's last: the first and last come
+rounded from `gate_offsets` (per token, relative to its block's first and last token), the
+middle one is a float64 difference of two scalars, rounded once per block pair. With g <= 0
+(log forget gates) all three are <= 0, so their float32 sum is as exact as the float64
+difference rounded once, however large the gates between j and i, and no float64
+arithmetic runs per block pair.
 
 Writes o [N, HQ, Dv] (q's dtype) and lse [N, HQ] (float32, natural log).
 """
@@ -37,6 +42,7 @@ from ._common import (
     block_reflections,
     device_fn,
     full_block_reflections,
+    gate_ptrs,
     load_input,
     load_raw,
     load_tile,
@@ -53,13 +59,14 @@ __all__ = ["fwd_scan"]
 
 
 @device_fn
-def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0, s1, hq, h,
-                      scale, HQ, H, D, cols, cmask, HAS_G: tl.constexpr, BT: tl.constexpr,
-                      PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows, rmask, t0, s1,
+                      hq, h, scale, HQ, H, D, NTOK, cols, cmask, HAS_G: tl.constexpr,
+                      BT: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr,
+                      BTR: tl.constexpr):
     """Q~ (scaled), the masked in-block logits S [BT, BT] (gates included), and the
-    queries' cumulative gates gq = G_i ([BT] float64, zero without gates) of one query
-    block (tokens t0 .. t0 + BT - 1, its sequence ending at s1). Gate terms G_i - G_j are
-    formed in float64 and then cast (`pathattn.ops.path.gates`)."""
+    queries' gates: gq = G_i - G_t0 ([BT] float32) and ga = G_t0 (float64; both zero
+    without gates) of one query block (tokens t0 .. t0 + BT - 1, its sequence ending at
+    s1). In-block gate terms G_i - G_j are formed in float64 and then cast."""
     cbt = tl.arange(0, BT)
     wrows, wmask = block_reflections(t0, s1, BT, R, BTR)
     Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
@@ -71,27 +78,32 @@ def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0
     QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)
     x = Q - mm(QW, U, PREC)
     S = mm(Q, tl.trans(K), PREC) - mm(QW, M, PREC)
-    gq = tl.zeros([BT], dtype=tl.float64)
+    gq = tl.zeros([BT], dtype=tl.float32)
+    ga = 0.0
     if HAS_G:
-        gq = tl.load(g_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
-        S += (gq[:, None] - gq[None, :]).to(tl.float32)
+        g64 = tl.load(g_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
+        S += (g64[:, None] - g64[None, :]).to(tl.float32)
+        gq = tl.load(gate_ptrs(gs_ptr, hq, NTOK, t0, cbt), mask=rmask, other=0.0)
+        ga = tl.load(g_ptr + row_offsets(t0, HQ, hq))
     keep = (cbt[:, None] >= cbt[None, :]) & rmask[None, :]
     S = tl.where(keep, S, float("-inf"))
-    return x, S, gq
+    return x, S, gq, ga
 
 
 @device_fn
-def key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols, cmask,
-                     HAS_G: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-                     EMULATE: tl.constexpr):
-    """Logits [BT, BT] of the query state x against the full key block starting at tb, and
-    its keys K~ (in the inputs' dtype DT, the operand dtype of the product)."""
+def key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H, D, NTOK, cols,
+                     cmask, HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
+                     PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """Logits [BT, BT] of the query state x against the full key block starting at tb
+    (tokens kr), and its keys K~ (in the inputs' dtype DT, the operand dtype of the
+    product). Gates: gq, ga of `query_block_start`; the module docstring's three terms."""
     kmask = kr >= 0
     Kt = load_raw(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
-        gk = tl.load(g_ptr + row_offsets(kr, HQ, hq), mask=kmask, other=0.0)
-        S += (gq[:, None] - gk[None, :]).to(tl.float32)
+        ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, tb, tl.arange(0, BT)))  # G_j - G_b1
+        gab = (ga - tl.load(g_ptr + row_offsets(tb + BT - 1, HQ, hq))).to(tl.float32)
+        S += (gq + gab)[:, None] - ge[None, :]
     return S, Kt
 
 
@@ -123,8 +135,9 @@ def _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT: tl.constexp
 
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr, ms_ptr,
-                slot_ptr, o_ptr, lse_ptr, table_ptr, scale, SEG, HQ, H, D, DV,
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr, ge_ptr,
+                ks_ptr, ms_ptr, slot_ptr, o_ptr, lse_ptr, table_ptr, scale, SEG, HQ, H, D, DV,
+                NTOK,
                 G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                 BDV: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
                 PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
@@ -144,9 +157,10 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
     cmask = cols < D
     vcols = tl.arange(0, BDV)
     vmask = vcols < DV
-    x, S, gq = query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, rows, rmask, t0,
-                                 s1, hq, h, scale, HQ, H, D, cols, cmask, HAS_G, BT, PREC, R,
-                                 BTR)
+    x, S, gq, ga = query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows,
+                                     rmask, t0, s1, hq, h, scale, HQ, H, D, NTOK, cols, cmask,
+                                     HAS_G,
+                                     BT, PREC, R, BTR)
     m_i = tl.max(S, axis=1)
     P = tl.exp(S - m_i[:, None])
     l_i = tl.sum(P, axis=1)
@@ -157,8 +171,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
     for ib in range(0, a - sa * SEG):  # own segment: blocks a-1, ..., its first
         tb = t0 - (ib + 1) * BT
         kr = tb + cbt
-        S, _ = key_block_logits(x, kt_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols,
-                                cmask, HAS_G, DT, PREC, EMULATE)
+        S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H, D,
+                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
         m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
                                 PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
@@ -169,8 +183,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, ks_ptr
         for j in range(0, SEG):  # plain attention against the keys moved to the end of sc
             tb = s0 + (sc * SEG + j) * BT
             kr = tb + cbt
-            S, _ = key_block_logits(x, ks_ptr, g_ptr, kr, t0, tb, hq, h, gq, HQ, H, D, cols,
-                                    cmask, HAS_G, DT, PREC, EMULATE)
+            S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H,
+                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
             m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
                                     PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
@@ -185,7 +199,7 @@ def fwd_scan(q, k, v, w, u, kt, m, G, ks, ms, slots, table, scale: float, seg: i
              BD: int, BDV: int, BK: int, dt, tdt, prec: str, emulate: bool,
              launch: dict | None = None):
     """q [N, HQ, D]; k, kt [N, H, D]; v [N, H, Dv]; w, u [N * R, H, D] and m [N * R, H, BT]
-    (R reflections per token); G [N, HQ] float64 cumulative gates or None; ks, ms, slots
+    (R reflections per token); G the gates of `op._cumulative_gates` or None; ks, ms, slots
     the segment keys, transitions and slots of `segments.segment_keys` for segments of
     `seg` blocks; BK the rows of a segment transition read at a time; dt, tdt the triton
     dtypes of the inputs and of the transitions' operands. Returns o [N, HQ, Dv] (q's
@@ -196,8 +210,9 @@ def fwd_scan(q, k, v, w, u, kt, m, G, ks, ms, slots, table, scale: float, seg: i
     o = torch.empty(N, HQ, Dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
     grid = (table.shape[0], HQ)
+    g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
     launch_kernel(_fwd_kernel, grid)(
-        q, k, v, w, u, kt, m, G if G is not None else lse, ks, ms, slots, o, lse, table, scale,
-        seg, HQ, H, D, Dv, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt,
+        q, k, v, w, u, kt, m, g64, gs, ge, ks, ms, slots, o, lse, table, scale, seg, HQ, H, D,
+        Dv, N, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt,
         TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
     return o, lse

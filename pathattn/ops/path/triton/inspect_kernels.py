@@ -43,8 +43,8 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 
-__all__ = ["SM_LIMITS", "KernelReport", "LoopInfo", "analyze", "atomic_order", "blocks_per_sm",
-           "disassemble", "grid_configs", "inspect_kernel", "inspect_jit",
+__all__ = ["SM_LIMITS", "KernelReport", "LoopInfo", "SassLoop", "analyze", "atomic_order",
+           "blocks_per_sm", "disassemble", "grid_configs", "inspect_kernel", "inspect_jit",
            "ordered_atomics_in_loops"]
 
 
@@ -346,6 +346,7 @@ class KernelReport:
     sass_mma_per_block_pair: int | None = None
     sass_local_in_loops: int | None = None  # LDL / STL (spill traffic) inside loops
     config: dict | None = None  # the pathattn launch it stands for (kernel, D, dtype, ...)
+    sass_loops: tuple | None = None  # SassLoop per SASS loop, in code order
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -353,7 +354,21 @@ class KernelReport:
     @classmethod
     def from_json(cls, d: dict) -> KernelReport:
         d = dict(d, loops=tuple(LoopInfo(**x) for x in d["loops"]))
+        if d.get("sass_loops") is not None:
+            d["sass_loops"] = tuple(SassLoop(**x) for x in d["sass_loops"])
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class SassLoop:
+    """One loop of the SASS (no source lines there; code order matches the PTX loops' in
+    practice): nesting depth, and its own instructions, spill loads / stores (LDL / STL)
+    and MMA instructions (its nested loops' not included): the issue cost per iteration."""
+
+    depth: int
+    instructions: int
+    local: int
+    mma: int
 
 
 def analyze(ptx: str, sass: str | None = None) -> dict:
@@ -377,6 +392,7 @@ def analyze(ptx: str, sass: str | None = None) -> dict:
     if sass is not None:
         sinsts = _sass_insts(sass)
         _, stotal, spair, sblocks, sin = _loop_stats(sinsts, _is_mma_sass)
+        out["sass_loops"] = _sass_loops(sblocks, _loops(_blocks(sinsts)[1]))
         out.update(sass_mma_total=stotal, sass_mma_per_block_pair=spair.mma_static if spair
                    else 0, sass_membar_gpu_in_loops=sum(
                        re.match(r"MEMBAR\..*(GPU|SYS)", i.op) is not None
@@ -384,6 +400,19 @@ def analyze(ptx: str, sass: str | None = None) -> dict:
                    sass_local_in_loops=sum(i.op.startswith(("LDL", "STL"))
                                            for b in sin for i in sblocks[b]))
     return out
+
+
+def _sass_loops(blocks: list[list[_Inst]], loops: list[tuple[int, set[int]]]) -> tuple:
+    """`SassLoop` of each loop, in code order (by header block)."""
+    out = []
+    for h, body in sorted(loops, key=lambda x: x[0]):
+        nested = set().union(*(other for g, other in loops if g != h and g in body))
+        own = [i for b in sorted(body - nested) for i in blocks[b]]
+        out.append(SassLoop(depth=sum(h in other for _, other in loops),
+                            instructions=len(own),
+                            local=sum(i.op.startswith(("LDL", "STL")) for i in own),
+                            mma=sum(_is_mma_sass(i.op) for i in own)))
+    return tuple(out)
 
 
 def disassemble(cubin: bytes) -> str | None:

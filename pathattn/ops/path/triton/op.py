@@ -28,7 +28,7 @@ from ...common.heads import default_scale
 from ...common.layout import token_bounds
 from ...common.triton_launch import compile_ahead, grad_follows, specialisation, specialised
 from ...common.validation import check_tile_length
-from ..gates import sequence_cumsum
+from ..gates import block_gate_offsets, sequence_cumsum
 from ..stages import single_reflection
 from ..validation import check_path_attn_inputs
 from ._common import block_table, interpreting, tile_kwargs, transition_dtype
@@ -79,13 +79,18 @@ def _unflat_reflections(dw: torch.Tensor, dbeta: torch.Tensor, w: torch.Tensor,
             dbeta.view(B, T, R, H).transpose(2, 3).contiguous())
 
 
-def _cumulative_gates(g, B, T, cu_seqlens):
-    """G [B * T, HQ] float64: per-sequence cumulative sum of the log forget gates (no sum
-    crosses a sequence, see `pathattn.ops.path.gates`), non-finite gates read as 0."""
+def _cumulative_gates(g, B, T, cu_seqlens, block_size: int):
+    """The scans' gates (None without g): G [B * T, HQ] float64, the per-sequence cumulative
+    sum of the log forget gates (no sum crosses a sequence, see `pathattn.ops.path.gates`;
+    non-finite gates read as 0), and its float32 offsets to each block's first and last
+    token [2, HQ, B * T] (`block_gate_offsets`)."""
+    if g is None:
+        return None
     start, end = token_bounds(B, T, cu_seqlens, g.device)
     g64 = torch.nan_to_num(_flat(g).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    return sequence_cumsum(g64, start, end,
-                           row_length=T if cu_seqlens is None else None).contiguous()
+    G = sequence_cumsum(g64, start, end,
+                        row_length=T if cu_seqlens is None else None).contiguous()
+    return G, block_gate_offsets(G, start, end, block_size)
 
 
 def _gate_grad(dG, B, T, cu_seqlens):
@@ -171,7 +176,7 @@ def _forward(q, k, v, w, beta, g, cu_seqlens, scale: float, block_size: int, seg
     u, kt, m, xinv, wt, vc = ut_fwd(kf, vf, wf, bf, table, block_size, tiles["BD"],
                                     tiles["BDV"], prec, transition_dtype(q.dtype),
                                     cfg.launch_kwargs("ut_fwd"))
-    G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
+    G = _cumulative_gates(g, B, T, cu_seqlens, block_size)
     ks, ms, _ = segment_keys(wt, u, kt, table, slots, n_slots, seg, block_size, BD, prec, dt,
                              tdt, emulate, _reflections(w), launch=cfg.launch_kwargs("seg"))
     o, lse = fwd_scan(qf, kf, vc, wt, u, kt, m, G, ks, ms, slots, table, scale, seg,
@@ -226,7 +231,7 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
     qf, kf = _flat(q), _flat(k)
     wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
     dof = _flat(do)
-    G = None if g is None else _cumulative_gates(g, B, T, cu_seqlens)
+    G = _cumulative_gates(g, B, T, cu_seqlens, block_size)
     lsef = _flat(lse)
     delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
     dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vc, wt, u, kt, m, G, dof, lsef, delta,

@@ -37,9 +37,12 @@ class Case:
     "beta0", "beta2", "beta0or2" (identities and reflections), "w_free" (w of norm in
     (0, 1) instead of unit), "w_big" (norms in (1, 1.5): transforms that expand), "sharp"
     (q * 10: logits far above the running max, so a scan must rescale), "gate_cliff"
-    (g = -50 on tokens 20..39: G falls by 1000, keys behind the cliff get weight 0) or
-    "gate_ramp" (g = -1.5 on every token: probabilities fall smoothly, at T = 48 down to
-    exp(-70), through the blockwise exp cutoff exp(-64)). reflections: R > 1 gives w
+    (g = -50 on tokens 20..39: G falls by 1000, keys behind the cliff get weight 0),
+    "gate_wall" (g = -1e5 on tokens 3 and 21, inside blocks: the keys just after a wall
+    meet later queries with small gate terms that float32 differences of G, or of offsets
+    from a reference point before the wall, would round away) or "gate_ramp" (g = -1.5
+    on every token: probabilities fall smoothly, at T = 48 down to exp(-70), through the
+    blockwise exp cutoff exp(-64)). reflections: R > 1 gives w
     [B, T, H, R, D] and beta [B, T, H, R] (`make_reflection_inputs`)."""
 
     B: int = 1
@@ -67,6 +70,8 @@ class Case:
             norms = norms[..., None]  # [B, T, H, 1, 1]
         if self.special == "gate_cliff":
             g[:, 20:40] = -50.0
+        elif self.special == "gate_wall":
+            g[:, [3, 21]] = -1e5
         elif self.special == "gate_ramp":
             g = torch.full_like(g, -1.5)
         elif self.special == "beta0":

@@ -52,7 +52,7 @@ SPECIAL = [Case(**kw) for kw in (
     {"special": "beta0"}, {"special": "beta2"}, {"special": "beta0or2", "gates": False},
     {"special": "w_free", "gates": False}, {"special": "w_big"},
     {"special": "w_big", "gates": False}, {"special": "sharp"},
-    {"special": "sharp", "gates": False}, {"special": "gate_ramp"},
+    {"special": "sharp", "gates": False}, {"special": "gate_ramp"}, {"special": "gate_wall"},
 )]
 
 

@@ -355,6 +355,8 @@ def test_sass_loops_and_mma():
     r = _synthetic(_PTX, _SASS)  # the self-branch after EXIT is unreachable: no loop
     assert (r.sass_mma_total, r.sass_mma_per_block_pair, r.sass_membar_gpu_in_loops) == (
         2, 1, 1)
+    # the loop's own instructions: HGMMA, two MEMBARs and its branch
+    assert r.sass_loops == (ik.SassLoop(depth=1, instructions=4, local=0, mma=1),)
 
 
 def test_mma_cap_can_fail():
@@ -385,6 +387,8 @@ def test_probes_are_flagged(reports):
     assert reports["probe/atomic-relaxed/90"].atomics_in_loops
     assert reports["probe/spill/90"].spills > MAX_SPILL_BYTES["fwd"]
     assert reports["probe/spill/90"].sass_local_in_loops > 0
+    assert sum(x.local for x in reports["probe/spill/90"].sass_loops) == (
+        reports["probe/spill/90"].sass_local_in_loops)
     assert reports["probe/dot/90"].sass_local_in_loops == 0
     assert reports["probe/dot/90"].mma_per_block_pair == 2
     assert reports["probe/dot/80"].mma_per_block_pair == 16
