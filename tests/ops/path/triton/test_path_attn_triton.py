@@ -19,7 +19,13 @@ from pathattn import path_attn  # noqa: E402
 from pathattn.ops import path_attn_naive  # noqa: E402
 from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
 
-from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads  # noqa: E402
+from .._helpers import (  # noqa: E402
+    assert_close_to_reference,
+    errors,
+    make_dout,
+    make_inputs,
+    run_with_grads,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32_TOL = 1e-4  # as the conformance suite (tests/ops/path/conformance/_cases.py)
@@ -53,6 +59,28 @@ def test_fp32_backward_segments(B, T, HQ, H, gates, cu, seg):
     ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
                                                 for x in inputs), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gates_with_64_token_blocks(dtype):
+    """64-token blocks take the keys' gate column sums inside the query's own segment from
+    a matrix product (shorter blocks reduce dS directly): 4 blocks in segments of 2, so
+    two query blocks meet an earlier block of their own segment. float32 against the
+    float64 reference; bfloat16 within twice plain PyTorch's bfloat16 error (the
+    conformance suite's rule)."""
+    B, T, HQ, H, D = 1, 200, 2, 1, 32
+    inputs = make_inputs(B, T, HQ, H, D, D, True)
+    dout = make_dout(B, T, HQ, D)
+    ref = run_with_grads(path_attn_naive, tuple(x.double() for x in inputs), dout)
+    low = tuple(x.to(dtype) for x in inputs)
+    ours = run_with_grads(_on_device(path_attn_triton), low, dout.to(dtype), block_size=64,
+                          seg=2)
+    if dtype == torch.float32:
+        assert_close_to_reference(ours, ref, F32_TOL)
+        return
+    plain = run_with_grads(path_attn_naive, low, dout.to(dtype), dtype=None)
+    e_ours, e_plain = errors(ours, ref), errors(plain, ref)
+    assert all(e_ours[n] <= 2 * e_plain[n] + 1e-5 for n in e_ours), (e_ours, e_plain)
 
 
 @pytest.mark.parametrize("gates", [True, False], ids=["gates", "nogates"])
