@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_tile_table", "max_tiles"]
+__all__ = ["token_tile_table", "max_tiles", "block_gate_offsets"]
 
 
 def max_tiles(B: int, T: int, cu_seqlens: torch.Tensor | None, BT: int) -> int:
@@ -46,3 +46,20 @@ def token_tile_table(B: int, T: int, cu_seqlens: torch.Tensor | None, BT: int,
     used = row < first_row[-1]
     table = torch.stack([first, start, end], dim=1) * used[:, None]  # [NB, 3]
     return table.to(torch.int32)
+
+
+def block_gate_offsets(G: torch.Tensor, seq_start: torch.Tensor, seq_end: torch.Tensor,
+                       block_size: int) -> torch.Tensor:
+    """G [N, HQ] float64 (per-sequence cumulative forget gates of N flattened tokens) ->
+    [2, HQ, N] float32, head-major: G_t - G at the first token of t's tile, and G_t - G at
+    its last, for the tiles of `token_tile_table` with BT = block_size (seq_start, seq_end
+    [N] int64 as `layout.token_bounds` gives them). Each difference is formed in float64
+    and rounded once. A kernel meeting query i of the tile starting at a0 and key j of an
+    earlier tile ending at b1 adds (G_i - G_a0) + (G_a0 - G_b1) - (G_j - G_b1): with g <= 0
+    the three terms have one sign, so the float32 sum is as exact as G_i - G_j formed in
+    float64 and rounded once, with no float64 arithmetic per element."""
+    t = torch.arange(G.shape[0], device=G.device)
+    first = seq_start + (t - seq_start) // block_size * block_size
+    last = torch.minimum(first + block_size, seq_end) - 1
+    out = torch.stack([G - G.index_select(0, first), G - G.index_select(0, last)])
+    return out.transpose(1, 2).float().contiguous()

@@ -14,10 +14,7 @@ Two choices keep the term exact:
   float32 instead would lose the term near the query whenever a large gate lies between
   the block's reference point and the key (a gate of -1e6 costs 0.06 absolute in float32).
   The Triton kernels keep float64 out of their block-pair loops with reference points on
-  either side of the gap (`block_gate_offsets`): for a query i of a block starting at a0
-  and a key j of an earlier block ending at b1, (G_i - G_a0) + (G_a0 - G_b1) - (G_j - G_b1),
-  each term rounded to float32 once. With g <= 0 the three terms have one sign, so their
-  float32 sum is as exact as the float64 difference rounded once.
+  either side of the gap (`pathattn.ops.common.token_blocks.block_gate_offsets`).
 
 Gradient: each softmax row sums to one, so the row term's gradient (the row sum of dS) is
 identically zero; hence dL/dG_j = -(column sum of dS at key j) and
@@ -32,8 +29,7 @@ import torch
 
 from ..common.layout import BlockLayout
 
-__all__ = ["BlockGates", "block_gate_offsets", "block_gates", "gate_grad",
-           "sequence_cumsum"]
+__all__ = ["BlockGates", "block_gates", "gate_grad", "sequence_cumsum"]
 
 
 class BlockGates(NamedTuple):
@@ -93,16 +89,3 @@ def gate_grad(dcol: torch.Tensor, lay: BlockLayout) -> torch.Tensor:
     return sequence_cumsum(dG, lay.token_seq_start, lay.token_seq_end, reverse=True,
                            row_length=lay.row_length, longest=lay.n_max * lay.C)
 
-
-def block_gate_offsets(G: torch.Tensor, seq_start: torch.Tensor, seq_end: torch.Tensor,
-                       block_size: int) -> torch.Tensor:
-    """G [N, HQ] float64 (per-sequence cumulative gates of N flattened tokens) ->
-    [2, HQ, N] float32, head-major: G_t - G at the first token of t's block, and G_t - G at
-    its last, for blocks of `block_size` tokens starting at each sequence's first token
-    (seq_start, seq_end [N] int64 as in `sequence_cumsum`). Each difference is formed in
-    float64 and rounded once."""
-    t = torch.arange(G.shape[0], device=G.device)
-    first = seq_start + (t - seq_start) // block_size * block_size
-    last = torch.minimum(first + block_size, seq_end) - 1
-    out = torch.stack([G - G.index_select(0, first), G - G.index_select(0, last)])
-    return out.transpose(1, 2).float().contiguous()

@@ -12,7 +12,10 @@ forms G_i - G_j from float64 differences to the reference point G_a:
 
 * keys before the query tile (j < a <= i): (G_i - G_a) and (G_a - G_j) are each rounded to
   float32 once; with g <= 0 both are <= 0, so their float32 sum is as exact as the float64
-  difference rounded once, however large the gates between j and i;
+  difference rounded once, however large the gates between j and i. The second is itself
+  (G_a - G_b1) - (G_j - G_b1) with b1 the key tile's last token: one float64 difference
+  per tile pair and per-token float32 offsets read from memory (`key_gates`), so that no
+  float64 arithmetic runs per key in the loops;
 * the diagonal tile (a <= j <= i): both terms may be large with a small difference, so each
   relative term d = G - G_a is split into float32 hi + lo parts, (hi_i - hi_j) +
   (lo_i - lo_j): again the difference to float32 accuracy, on this one tile only.
@@ -40,6 +43,18 @@ __all__ = ["interpreting", "helper", "TL_DTYPE", "LOG2E"]
 def load_gates(ptr, rows, rmask, HQ, hq, other):
     """G[rows, hq] of G [N, HQ] (float64); `other` where masked."""
     return tl.load(ptr + rows.to(tl.int64) * HQ + hq, mask=rmask, other=other)
+
+
+@helper
+def key_gates(G_ptr, ge_ptr, ks, Ga, HQ, hq, NTOK, BT: tl.constexpr):
+    """(G_a - G_j) log2(e) [BT] float32 for the full key tile of tokens ks .. ks + BT - 1
+    and the reference point G_a (float64) of a later query tile: (G_a - G_b1) - (G_j - G_b1)
+    with b1 the key tile's last token, the second term read from the tile offsets ge
+    [HQ, NTOK] (`pathattn.ops.common.token_blocks.block_gate_offsets`). With g <= 0 both
+    are <= 0: one float64 difference per tile pair, none per key."""
+    gab = (Ga - tl.load(G_ptr + tl.cast(ks + BT - 1, tl.int64) * HQ + hq)).to(tl.float32)
+    ge = tl.load(ge_ptr + (hq.to(tl.int64) * NTOK + ks) + tl.arange(0, BT))
+    return (gab - ge) * 1.4426950408889634
 
 
 @helper

@@ -23,17 +23,26 @@ import triton
 import triton.language as tl
 
 from ...common.triton_launch import launch_kernel
-from ._common import diagonal_gate, dot, load_gates, load_rows, rounded, split, store_rows
+from ._common import (
+    diagonal_gate,
+    dot,
+    key_gates,
+    load_gates,
+    load_rows,
+    rounded,
+    split,
+    store_rows,
+)
 
 __all__ = ["key_grads", "query_grads"]
 
 
 @triton.jit
-def _dkdv_kernel(q_ptr, k_ptr, v_ptr, G_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                 dcol_ptr, table_ptr, sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h,
-                 scale, scale2, HQ, H, D, DV, GROUP: tl.constexpr, BT: tl.constexpr,
-                 BD: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-                 EMULATE: tl.constexpr, STAGES: tl.constexpr):
+def _dkdv_kernel(q_ptr, k_ptr, v_ptr, G_ptr, gs_ptr, ge_ptr, do_ptr, lse_ptr, delta_ptr,
+                 dk_ptr, dv_ptr, dcol_ptr, table_ptr, sq_n, sq_h, sk_n, sk_h, sv_n, sv_h,
+                 sdo_n, sdo_h, scale, scale2, HQ, H, D, DV, NTOK, GROUP: tl.constexpr,
+                 BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, DT: tl.constexpr,
+                 PREC: tl.constexpr, EMULATE: tl.constexpr, STAGES: tl.constexpr):
     blk = tl.program_id(0)
     h = tl.program_id(1)
     t0 = tl.load(table_ptr + blk * 3)
@@ -57,6 +66,11 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, G_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
         # diagonal tile: the queries are the keys' own tokens
         Ga = tl.load(G_ptr + t0.to(tl.int64) * HQ + hq)
         hi, lo = split(tl.where(kmask, Gk - Ga, 0.0))
+        # the keys' offsets to the tile's last token, G_j - G_b1 (the tile is full when
+        # later query tiles exist)
+        ge = tl.load(ge_ptr + (hq.to(tl.int64) * NTOK + t0) + tl.arange(0, BT), mask=kmask,
+                     other=0.0)
+        gb = tl.load(G_ptr + (tl.minimum(t0 + BT, s1) - 1).to(tl.int64) * HQ + hq)
         Q = load_rows(q_ptr, kr, kmask, sq_n, hq * sq_h, cols, cmask)
         dO = load_rows(do_ptr, kr, kmask, sdo_n, hq * sdo_h, vcols, vmask)
         lse = tl.load(lse_ptr + kr.to(tl.int64) * HQ + hq, mask=kmask, other=0.0)
@@ -78,11 +92,13 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, G_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
             lse = tl.load(lse_ptr + qr.to(tl.int64) * HQ + hq, mask=qmask,
                           other=float("inf"))
             delta = tl.load(delta_ptr + qr.to(tl.int64) * HQ + hq, mask=qmask, other=0.0)
-            Gq_a = tl.load(G_ptr + qs.to(tl.int64) * HQ + hq)  # the query tile's reference
-            qb = (load_gates(G_ptr, qr, qmask, HQ, hq, Gq_a) - Gq_a).to(tl.float32)
-            kb = (Gq_a - Gk).to(tl.float32)
-            St = (dot(K, tl.trans(Q), PREC, EMULATE) * scale2
-                  + (kb * 1.4426950408889634)[:, None] + (qb * 1.4426950408889634)[None, :])
+            # (G_i - G_qs) + (G_qs - G_b1) - (G_j - G_b1), each term <= 0 (`_common`); the
+            # query's term moves into lse (when it is large, P is 0 anyway)
+            qb = tl.load(gs_ptr + (hq.to(tl.int64) * NTOK + qs) + tl.arange(0, BT),
+                         mask=qmask, other=0.0)
+            lse = lse - qb * 1.4426950408889634
+            kb = (tl.load(G_ptr + qs.to(tl.int64) * HQ + hq) - gb).to(tl.float32) - ge
+            St = dot(K, tl.trans(Q), PREC, EMULATE) * scale2 + (kb * 1.4426950408889634)[:, None]
             Pt = tl.exp2(St - lse[None, :])  # 0 for the masked queries (lse = inf)
             dV += dot(rounded(Pt, DT, EMULATE), dO, PREC, EMULATE)
             dSt = Pt * (dot(V, tl.trans(dO), PREC, EMULATE) - delta[None, :])
@@ -95,9 +111,9 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, G_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
 
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, G_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, drow_ptr,
-               table_ptr, sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, scale, scale2,
-               HQ, D, DV, GROUP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+def _dq_kernel(q_ptr, k_ptr, v_ptr, G_ptr, ge_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+               drow_ptr, table_ptr, sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, scale,
+               scale2, HQ, D, DV, NTOK, GROUP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                BDV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
                EMULATE: tl.constexpr, STAGES: tl.constexpr):
     blk = tl.program_id(0)
@@ -128,14 +144,16 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, G_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, d
     dS = P * (dot(dO, tl.trans(V), PREC, EMULATE) - delta[:, None])
     dQ = dot(rounded(dS, DT, EMULATE), K, PREC, EMULATE)  # [BT, BD]
     rowsum = tl.sum(dS, axis=1)
-    qb = hi * 1.4426950408889634
+    # earlier key tiles: the query's gate term (G_i - G_a) log2(e) <= 0 moves into lse (when
+    # it is large, every earlier key's P is 0 anyway)
+    lse = lse - hi * 1.4426950408889634
     for ks in tl.range(s0, t0, BT, num_stages=STAGES):  # earlier key tiles, all full
         kr = ks + tl.arange(0, BT)
         kin = kr < t0
         K = load_rows(k_ptr, kr, kin, sk_n, h * sk_h, cols, cmask)
         V = load_rows(v_ptr, kr, kin, sv_n, h * sv_h, vcols, vmask)
-        kb = (Ga - load_gates(G_ptr, kr, kin, HQ, hq, Ga)).to(tl.float32) * 1.4426950408889634
-        S = dot(Q, tl.trans(K), PREC, EMULATE) * scale2 + qb[:, None] + kb[None, :]
+        kb = key_gates(G_ptr, ge_ptr, ks, Ga, HQ, hq, NTOK, BT)
+        S = dot(Q, tl.trans(K), PREC, EMULATE) * scale2 + kb[None, :]
         P = tl.exp2(S - lse[:, None])  # 0 for the masked rows (lse = inf)
         dS = P * (dot(dO, tl.trans(V), PREC, EMULATE) - delta[:, None])
         dQ += dot(rounded(dS, DT, EMULATE), K, PREC, EMULATE)
@@ -150,10 +168,11 @@ def _strides(q, k, v, do) -> tuple:
             do.stride(0), do.stride(1))
 
 
-def key_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: int, BDV: int,
+def key_grads(q, k, v, G, gl, do, lse, delta, table, scale: float, BT: int, BD: int, BDV: int,
               dt, prec: str, emulate: bool, launch: dict):
     """Inputs as `fwd.fox_forward` plus do [N, HQ, Dv] (q's dtype, last dim contiguous), lse
-    (base 2) and delta = rowsum(dO * O) [N, HQ] float32; table: tiles of BT keys. Returns
+    (base 2) and delta = rowsum(dO * O) [N, HQ] float32; table: tiles of BT keys; gl
+    [2, HQ, N] the gates' offsets to these tiles (`block_gate_offsets`). Returns
     dk [N, H, D], dv [N, H, Dv] in the inputs' dtype and the column sums of dS [N, HQ]
     (float32)."""
     N, HQ, D = q.shape
@@ -162,14 +181,14 @@ def key_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: int,
     dv = torch.empty(N, H, Dv, dtype=q.dtype, device=q.device)
     dcol = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
     launch_kernel(_dkdv_kernel, (table.shape[0], H))(
-        q, k, v, G, do, lse, delta, dk, dv, dcol, table, *_strides(q, k, v, do), scale,
-        scale * 1.4426950408889634, HQ, H, D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
+        q, k, v, G, gl[0], gl[1], do, lse, delta, dk, dv, dcol, table, *_strides(q, k, v, do),
+        scale, scale * 1.4426950408889634, HQ, H, D, Dv, N, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
         DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
         num_warps=launch["num_warps"], num_stages=1)
     return dk, dv, dcol
 
 
-def query_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: int, BDV: int,
+def query_grads(q, k, v, G, gl, do, lse, delta, table, scale: float, BT: int, BD: int, BDV: int,
                 dt, prec: str, emulate: bool, launch: dict):
     """Arguments as `key_grads` (table: tiles of BT queries). Returns dq [N, HQ, D] in the
     inputs' dtype and the row sums of dS [N, HQ] (float32)."""
@@ -178,8 +197,8 @@ def query_grads(q, k, v, G, do, lse, delta, table, scale: float, BT: int, BD: in
     dq = torch.empty(N, HQ, D, dtype=q.dtype, device=q.device)
     drow = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
     launch_kernel(_dq_kernel, (table.shape[0], HQ))(
-        q, k, v, G, do, lse, delta, dq, drow, table, *_strides(q, k, v, do), scale,
-        scale * 1.4426950408889634, HQ, D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
+        q, k, v, G, gl[1], do, lse, delta, dq, drow, table, *_strides(q, k, v, do), scale,
+        scale * 1.4426950408889634, HQ, D, Dv, N, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV,
         DT=dt, PREC=prec, EMULATE=emulate, STAGES=launch["stages"],
         num_warps=launch["num_warps"], num_stages=1)
     return dq, drow

@@ -26,7 +26,7 @@ __all__ = ["Specialization", "specializations", "KERNEL_NAMES"]
 KERNEL_NAMES = ("fwd", "dkdv", "dq", "cumsum", "offset", "cumsum_rev", "offset_rev")
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _FLOAT64 = {"G_ptr", "out_ptr", "total_ptr"}  # gates.py's outputs are float64
-_FLOAT32 = {"lse_ptr", "delta_ptr", "dcol_ptr", "drow_ptr"}
+_FLOAT32 = {"lse_ptr", "delta_ptr", "dcol_ptr", "drow_ptr", "gs_ptr", "ge_ptr"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _signature(fn, dtype: torch.dtype, x_dtype: str = "fp32") -> tuple[dict, dic
         else:
             sig[name] = "i32"
         if sig[name].startswith("*") or name.startswith("s") and name[1:2] in "qkvd" \
-                and name.endswith(("_n", "_h")) or name in ("HQ", "H", "D", "DV"):
+                and name.endswith(("_n", "_h")) or name in ("HQ", "H", "D", "DV", "NTOK"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 

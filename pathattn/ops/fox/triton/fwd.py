@@ -26,6 +26,7 @@ from ...common.triton_launch import launch_kernel
 from ._common import (
     diagonal_gate,
     dot,
+    key_gates,
     load_gates,
     load_rows,
     rounded,
@@ -37,8 +38,8 @@ __all__ = ["fox_forward"]
 
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, G_ptr, o_ptr, olo_ptr, lse_ptr, table_ptr,
-                sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, scale2, HQ, D, DV,
+def _fwd_kernel(q_ptr, k_ptr, v_ptr, G_ptr, ge_ptr, o_ptr, olo_ptr, lse_ptr, table_ptr,
+                sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, scale2, HQ, D, DV, NTOK,
                 GROUP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
                 STAGES: tl.constexpr, SPLIT_O: tl.constexpr):
@@ -75,7 +76,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, G_ptr, o_ptr, olo_ptr, lse_ptr, table_ptr,
         kin = kr < t0
         K = load_rows(k_ptr, kr, kin, sk_n, h * sk_h, cols, cmask)
         V = load_rows(v_ptr, kr, kin, sv_n, h * sv_h, vcols, vmask)
-        kb = (Ga - load_gates(G_ptr, kr, kin, HQ, hq, Ga)).to(tl.float32) * 1.4426950408889634
+        kb = key_gates(G_ptr, ge_ptr, ks, Ga, HQ, hq, NTOK, BT)
         S = dot(Q, tl.trans(K), PREC, EMULATE) * scale2 + qb[:, None] + kb[None, :]
         m_new = tl.maximum(m, tl.max(S, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -92,11 +93,12 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, G_ptr, o_ptr, olo_ptr, lse_ptr, table_ptr,
     tl.store(lse_ptr + rows.to(tl.int64) * HQ + hq, m + tl.log2(l), mask=rmask)
 
 
-def fox_forward(q, k, v, G, table, scale: float, BT: int, BD: int, BDV: int, dt, prec: str,
+def fox_forward(q, k, v, G, ge, table, scale: float, BT: int, BD: int, BDV: int, dt, prec: str,
                 emulate: bool, launch: dict
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [N, HQ, D], k [N, H, D], v [N, H, Dv] (last dim contiguous), G [N, HQ] float64
-    cumulative gates, table int32 [NB, 3] of tiles of BT tokens. launch: num_warps and
+    cumulative gates, ge [HQ, N] their float32 offsets to each tile's last token
+    (`block_gate_offsets`), table int32 [NB, 3] of tiles of BT tokens. launch: num_warps and
     stages. Returns o [N, HQ, Dv] in q's dtype, o_lo (16-bit inputs: o's rounding error,
     [N, HQ, Dv] in q's dtype, so that o + o_lo is o to about float32 accuracy; float32
     inputs: empty) and lse [N, HQ] float32 (base 2)."""
@@ -107,8 +109,8 @@ def fox_forward(q, k, v, G, table, scale: float, BT: int, BD: int, BDV: int, dt,
     o_lo = torch.empty(N if split else 0, HQ, Dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
     launch_kernel(_fwd_kernel, (table.shape[0], HQ))(
-        q, k, v, G, o, o_lo if split else o, lse, table, q.stride(0), q.stride(1),
+        q, k, v, G, ge, o, o_lo if split else o, lse, table, q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale * 1.4426950408889634, HQ,
-        D, Dv, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate,
+        D, Dv, N, GROUP=HQ // H, BT=BT, BD=BD, BDV=BDV, DT=dt, PREC=prec, EMULATE=emulate,
         STAGES=launch["stages"], SPLIT_O=split, num_warps=launch["num_warps"], num_stages=1)
     return o, o_lo, lse

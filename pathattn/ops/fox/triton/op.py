@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from ...common.token_blocks import token_tile_table
+from ...common.layout import token_bounds
+from ...common.token_blocks import block_gate_offsets, token_tile_table
 from ...common.triton_launch import compile_ahead, grad_follows, specialisation
 from ...common.validation import check_tile_length as check_block_size
 from ._common import TL_DTYPE, interpreting
@@ -56,6 +57,15 @@ class _Launch:
             self._tables[BT] = token_tile_table(self.B, self.T, self.cu_seqlens, BT,
                                                 self.q.device)
         return self._tables[BT]
+
+    def gate_offsets(self, G: torch.Tensor, kernel: str) -> torch.Tensor:
+        """G's float32 offsets to the first and last token of `kernel`'s tiles, [2, HQ, N]
+        (`block_gate_offsets`), once per tile length."""
+        BT = self.cfg.tile(kernel)
+        if ("gates", BT) not in self._tables:
+            start, end = token_bounds(self.B, self.T, self.cu_seqlens, G.device)
+            self._tables[("gates", BT)] = block_gate_offsets(G, start, end, BT)
+        return self._tables[("gates", BT)]
 
     def kwargs(self, kernel: str) -> dict:
         """The launcher's keyword arguments for `kernel`."""
@@ -99,8 +109,8 @@ def _forward(q, k, v, g, cu_seqlens, scale: float, block_size: int):
     run = _Launch(q, v, cu_seqlens, block_size)
     table = run.table("fwd")
     G = sequence_cumsum(_tokens(g), table, run.cfg.tile("fwd"))  # [N, HQ] float64
-    o, o_lo, lse = fox_forward(_tokens(q), _tokens(k), _tokens(v), G, table, scale,
-                               **run.kwargs("fwd"))
+    o, o_lo, lse = fox_forward(_tokens(q), _tokens(k), _tokens(v), G,
+                               run.gate_offsets(G, "fwd")[1], table, scale, **run.kwargs("fwd"))
     return o.view(B, T, HQ, v.shape[-1]), o_lo, lse, G
 
 
@@ -135,10 +145,10 @@ def _backward_kernels(do, q, k, v, g, cu_seqlens, o, o_lo, lse, G, scale: float,
     if o_lo.numel():
         of = of + o_lo.float()
     delta = (dof.float() * of).sum(-1)  # [N, HQ]
-    dk, dv, dcol = key_grads(qf, kf, vf, G, dof, lse, delta, run.table("dkdv"), scale,
-                             **run.kwargs("dkdv"))
-    dq, drow = query_grads(qf, kf, vf, G, dof, lse, delta, run.table("dq"), scale,
-                           **run.kwargs("dq"))
+    dk, dv, dcol = key_grads(qf, kf, vf, G, run.gate_offsets(G, "dkdv"), dof, lse, delta,
+                             run.table("dkdv"), scale, **run.kwargs("dkdv"))
+    dq, drow = query_grads(qf, kf, vf, G, run.gate_offsets(G, "dq"), dof, lse, delta,
+                           run.table("dq"), scale, **run.kwargs("dq"))
     # dL/dG_t = rowsum_t - colsum_t; dL/dg_t = its sum over s >= t of t's sequence
     dg = sequence_cumsum(drow - dcol, run.table("dq"), run.cfg.tile("dq"), reverse=True)
     return (dq.view(q.shape), dk.view(k.shape), dv.view(v.shape),

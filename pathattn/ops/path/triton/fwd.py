@@ -22,7 +22,7 @@ Gate terms (PaTH-FoX): G is the per-sequence cumulative sum of g, kept in float6
 the query block the kernel forms G_i - G_j in float64 and rounds it once. Against an earlier
 key block b it adds three float32 terms, (G_i - G_a0) + (G_a0 - G_b1) - (G_j - G_b1), with
 a0 the query block's first token and b1 the key block's last: the first and last come
-rounded from `gate_offsets` (per token, relative to its block's first and last token), the
+rounded from `block_gate_offsets` (per token, relative to its block's first and last token), the
 middle one is a float64 difference of two scalars, rounded once per block pair. With g <= 0
 (log forget gates) all three are <= 0, so their float32 sum is as exact as the float64
 difference rounded once, however large the gates between j and i, and no float64

@@ -26,9 +26,10 @@ import triton.language as tl
 
 from ...common.heads import default_scale
 from ...common.layout import token_bounds
+from ...common.token_blocks import block_gate_offsets
 from ...common.triton_launch import compile_ahead, grad_follows, specialisation, specialised
 from ...common.validation import check_tile_length
-from ..gates import block_gate_offsets, sequence_cumsum
+from ..gates import sequence_cumsum
 from ..stages import single_reflection
 from ..validation import check_path_attn_inputs
 from ._common import block_table, interpreting, tile_kwargs, transition_dtype
