@@ -26,6 +26,9 @@ listed, not a failure.
         # shared memory, blocks per SM, atomics and fences in loops, MMA instructions per
         # block pair (bf16, D 64 and 128, gates on and off, R 1 and 2, sm_90 and sm_80;
         # `pathattn.ops.path.triton.inspect_kernels` defines each); --loops: every loop
+    python benchmarks/triton_fit.py --report --fox   # the FoX attention kernels (sm_90,
+        # bf16, D 64 and 128): registers, spills, shared memory, blocks per SM and per
+        # loop of the SASS its instructions, MMA and spill loads / stores per iteration
 
 Shared memory is read after Triton's shared-memory allocation pass, which runs on the TTGIR
 at the start of the LLVM-IR stage: about 0.3 s per kernel instead of the 5-60 s the LLVM
@@ -200,6 +203,31 @@ def _report(args, devices: tuple) -> int:
     return 1 if errors else 0
 
 
+def _fox_report(heads: tuple) -> int:
+    """The FoX attention kernels of a training step as the launcher specializes them."""
+    from pathattn.ops.fox.triton.fit import specializations
+
+    t0 = time.time()
+    rows = ["| kernel | D | BT | warps / stages | regs | spills B | shared B | blocks/SM "
+            "| SASS loops: instructions / MMA / LDL+STL per iteration |", "|" + "---|" * 9]
+    for D in heads:
+        for s in specializations(D, torch.bfloat16):
+            if s.name not in ("fwd", "dkdv", "dq"):
+                continue
+            c = fit.compile_jit(s.fn, s.signature, s.constexprs, 90, s.num_warps,
+                                s.num_stages, "cubin", s.attrs)
+            blocks, limiter = ik.blocks_per_sm(c.regs, s.num_warps, c.shared, 90)
+            loops = ik.analyze(c.ptx, ik.disassemble(c.cubin)).get("sass_loops") or ()
+            cell = "; ".join(f"{x.instructions} / {x.mma} / {x.local}" for x in loops) or "-"
+            rows.append(f"| {s.name} | {D} | {s.constexprs['BT']} | {s.num_warps} / "
+                        f"{s.constexprs['STAGES']} | {c.regs} | {c.spills} | {c.shared} "
+                        f"| {blocks} ({limiter}) | {cell} |")
+    print(f"Triton {triton.__version__}: FoX kernels compiled for sm_90 (bf16, "
+          f"{time.time() - t0:.0f} s)\n")
+    print("\n".join(rows))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -218,7 +246,11 @@ def main(argv=None) -> int:
                         "per SM, atomics and fences in loops, MMA per block pair per kernel")
     p.add_argument("--loops", action="store_true", help="with --report: list every loop")
     p.add_argument("--jobs", type=int, default=1, help="with --report: parallel compilations")
+    p.add_argument("--fox", action="store_true",
+                   help="with --report: the FoX attention kernels instead (sm_90, bf16)")
     args = p.parse_args(argv)
+    if args.report and args.fox:
+        return _fox_report(tuple(int(d) for d in (args.heads or "64,128").split(",")))
     if args.report:
         return _report(args, tuple(args.devices.split(",")))
     reflections = None if args.reflections is None else tuple(
