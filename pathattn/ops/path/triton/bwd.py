@@ -34,14 +34,10 @@ into float32 buffers (products with 16-bit operands as in `fwd.py`); dQ~ and the
 dS go to per-query-head buffers that `ut.ut_bwd` turns into dq, dk, dw, dbeta.
 
 Gates: logit(i, j) holds G_i - G_j, so dL/dG_t = rowsum_t(dS) - colsum_t(dS). The row sum
-is zero in exact arithmetic (sum_j P_ij dP_ij = delta_i), but delta comes from the output
-rounded to the input dtype, so in bfloat16 / float16 it is not; each program keeps its
-query rows' sums over the walk instead of assuming them zero (in bfloat16 this cuts the
-error of dg about in half). With 64-token blocks the keys' column sums inside the own
-segment are the product dS^T e_0 (e_0 a unit column), which shares the dK product's operand
-dS^T in the inputs' dtype: a cross-warp reduction and 248 of the loop's 1,918 SASS
-instructions fewer (sm_90, D = 64), for dS rounded to 16 bits in these sums (bfloat16 dg
-error 0.22-0.27 of plain PyTorch's, was 0.21-0.22). Shorter blocks reduce dS directly.
+is zero in exact arithmetic, but not with o rounded to 16 bits: each program keeps its
+rows' sums over the walk (in bfloat16 this halves the error of dg). With 64-token blocks
+the keys' column sums in the own segment are the product dS^T e_0, sharing the dK
+product's operand (docs/ops.md, "Gate terms").
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ Gate terms (PaTH-FoX): G is the per-sequence cumulative sum of g, kept in float6
 the query block the kernel forms G_i - G_j in float64 and rounds it once. Against an earlier
 key block b it adds three float32 terms, (G_i - G_a0) + (G_a0 - G_b1) - (G_j - G_b1), with
 a0 the query block's first token and b1 the key block's last: the first and last come
-rounded from `block_gate_offsets` (per token, relative to its block's first and last token), the
-middle one is a float64 difference of two scalars, rounded once per block pair. With g <= 0
-(log forget gates) all three are <= 0, so their float32 sum is as exact as the float64
-difference rounded once, however large the gates between j and i, and no float64
-arithmetic runs per block pair.
+rounded from `block_gate_offsets` (per token, relative to its block's first and last
+token), the middle one is a float64 difference of two scalars, rounded once per block
+pair. With g <= 0 (log forget gates) all three are <= 0, so their float32 sum is as exact
+as the float64 difference rounded once, however large the gates between j and i, and no
+float64 arithmetic runs per logit.
 
 Writes o [N, HQ, Dv] (q's dtype) and lse [N, HQ] (float32, natural log).
 """
@@ -137,8 +137,7 @@ def _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT: tl.constexp
 @triton.jit
 def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr, ge_ptr,
                 ks_ptr, ms_ptr, slot_ptr, o_ptr, lse_ptr, table_ptr, scale, SEG, HQ, H, D, DV,
-                NTOK,
-                G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                NTOK, G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                 BDV: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
                 PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
                 BTR: tl.constexpr):
@@ -159,8 +158,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
     vmask = vcols < DV
     x, S, gq, ga = query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows,
                                      rmask, t0, s1, hq, h, scale, HQ, H, D, NTOK, cols, cmask,
-                                     HAS_G,
-                                     BT, PREC, R, BTR)
+                                     HAS_G, BT, PREC, R, BTR)
     m_i = tl.max(S, axis=1)
     P = tl.exp(S - m_i[:, None])
     l_i = tl.sum(P, axis=1)
