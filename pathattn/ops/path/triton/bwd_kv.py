@@ -123,8 +123,8 @@ def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, table, seg: int, 
     keys' column sums from dG [N, HQ] in place (when G, the gates of
     `op._cumulative_gates`, is given). ks [N, H, D], v [N, H, Dv], ys [N, HQ, D] and do
     [N, HQ, Dv] (the inputs' dtype), lse and delta [N, HQ] float32; pi and pbase of
-    `crossings`. tiles: (BKT, BQ), the keys per
-    program and the queries per step (powers of two dividing BT; default (BT, BT))."""
+    `crossings`. tiles: (BKT, BQ), the keys per program and the queries per step (powers
+    of two dividing BT; default (BT, BT))."""
     N, H, D = ks.shape
     HQ, Dv = do.shape[1], v.shape[-1]
     dks = torch.empty(N, HQ, D, dtype=torch.float32, device=ks.device)
