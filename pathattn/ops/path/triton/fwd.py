@@ -93,17 +93,22 @@ def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows, r
 @device_fn
 def key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H, D, NTOK, cols,
                      cmask, HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
-                     PREC: tl.constexpr, EMULATE: tl.constexpr):
+                     PREC: tl.constexpr, EMULATE: tl.constexpr, QUERY_TERM: tl.constexpr):
     """Logits [BT, BT] of the query state x against the full key block starting at tb
     (tokens kr), and its keys K~ (in the inputs' dtype DT, the operand dtype of the
-    product). Gates: gq, ga of `query_block_start`; the module docstring's three terms."""
+    product). Gates: gq, ga of `query_block_start`; the module docstring's three terms,
+    the first (the query's, gq) only with QUERY_TERM (else the caller's log-sum-exp holds
+    it)."""
     kmask = kr >= 0
     Kt = load_raw(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
         ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, tb, tl.arange(0, BT)))  # G_j - G_b1
         gab = (ga - tl.load(g_ptr + row_offsets(tb + BT - 1, HQ, hq))).to(tl.float32)
-        S += (gq + gab)[:, None] - ge[None, :]
+        if QUERY_TERM:
+            S += (gq + gab)[:, None] - ge[None, :]
+        else:
+            S += (gab - ge)[None, :]
     return S, Kt
 
 
@@ -170,7 +175,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         tb = t0 - (ib + 1) * BT
         kr = tb + cbt
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H, D,
-                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True)
         m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
                                 PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
@@ -182,7 +187,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             tb = s0 + (sc * SEG + j) * BT
             kr = tb + cbt
             S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H,
-                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
+                                    True)
             m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
                                     PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
