@@ -233,9 +233,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         for j in range(0, SEG):  # plain attention, as the forward met these blocks
             tc = s0 + (sc * SEG + j) * BT
             y = tl.load(yc_ptrs, mask=smask, other=0.0)
-            S, _ = key_block_logits(y, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, gq, ga, HQ,
-                                    H, D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
-                                    False)
+            S, _ = key_block_logits(y, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H,
+                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
             g, drow = _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr,
                                            v_ptr, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
                                            BT, DT, PREC, EMULATE)
@@ -245,8 +244,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             x = apply_transition(x, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
                                  cmask, PREC, BT, R, BTR, TDT, EMULATE)
         tc = s0 + c * BT
-        S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, gq, ga, HQ, H, D,
-                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False)
+        S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H, D,
+                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
         g, drow = _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
                                    v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                                    dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,

@@ -26,7 +26,8 @@ rounded from `block_gate_offsets` (per token, relative to its block's first and 
 token), the middle one is a float64 difference of two scalars, rounded once per block
 pair. With g <= 0 (log forget gates) all three are <= 0, so their float32 sum is as exact
 as the float64 difference rounded once, however large the gates between j and i, and no
-float64 arithmetic runs per logit.
+float64 arithmetic runs per logit. The first term is the query's alone: it shifts the
+row's running max instead of every logit.
 
 Writes o [N, HQ, Dv] (q's dtype) and lse [N, HQ] (float32, natural log).
 """
@@ -91,24 +92,21 @@ def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows, r
 
 
 @device_fn
-def key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H, D, NTOK, cols,
+def key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK, cols,
                      cmask, HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
-                     PREC: tl.constexpr, EMULATE: tl.constexpr, QUERY_TERM: tl.constexpr):
+                     PREC: tl.constexpr, EMULATE: tl.constexpr):
     """Logits [BT, BT] of the query state x against the full key block starting at tb
     (tokens kr), and its keys K~ (in the inputs' dtype DT, the operand dtype of the
-    product). Gates: gq, ga of `query_block_start`; the module docstring's three terms,
-    the first (the query's, gq) only with QUERY_TERM (else the caller's log-sum-exp holds
-    it)."""
+    product). Gates (ga of `query_block_start`): the module docstring's last two terms,
+    one per key; the queries' own term gq is the caller's, added per row to the running
+    max (forward) or taken out of the log-sum-exp (backward)."""
     kmask = kr >= 0
     Kt = load_raw(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
         ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, tb, tl.arange(0, BT)))  # G_j - G_b1
         gab = (ga - tl.load(g_ptr + row_offsets(tb + BT - 1, HQ, hq))).to(tl.float32)
-        if QUERY_TERM:
-            S += (gq + gab)[:, None] - ge[None, :]
-        else:
-            S += (gab - ge)[None, :]
+        S += (gab - ge)[None, :]
     return S, Kt
 
 
@@ -126,13 +124,18 @@ def apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.conste
 
 
 @device_fn
-def _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT: tl.constexpr,
-            PREC: tl.constexpr, EMULATE: tl.constexpr):
+def _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, HAS_G: tl.constexpr,
+            DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
     """Online softmax step: the running max m_i, sum l_i and acc [BT, BDV] after the logits
-    S [BT, BT] against the full key block of tokens kr."""
-    m_new = tl.maximum(m_i, tl.max(S, axis=1))
+    S + gq [BT, BT] against the full key block of tokens kr (gq [BT]: the queries' gate
+    term, added per row, with gates only)."""
+    if HAS_G:  # the row term shifts the max, not every logit
+        m_new = tl.maximum(m_i, tl.max(S, axis=1) + gq)
+        P = tl.exp(S - (m_new - gq)[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(S, axis=1))
+        P = tl.exp(S - m_new[:, None])
     alpha = tl.exp(m_i - m_new)
-    P = tl.exp(S - m_new[:, None])
     l_i = l_i * alpha + tl.sum(P, axis=1)
     Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
     acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
@@ -174,10 +177,10 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
     for ib in range(0, a - sa * SEG):  # own segment: blocks a-1, ..., its first
         tb = t0 - (ib + 1) * BT
         kr = tb + cbt
-        S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H, D,
-                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True)
-        m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
-                                PREC, EMULATE)
+        S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK,
+                                cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+        m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask,
+                                HAS_G, DT, PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
                              EMULATE)
     slot = tl.load(slot_ptr + blk) - sa  # slot of the sequence's segment 0
@@ -186,11 +189,10 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         for j in range(0, SEG):  # plain attention against the keys moved to the end of sc
             tb = s0 + (sc * SEG + j) * BT
             kr = tb + cbt
-            S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, gq, ga, HQ, H,
-                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
-                                    True)
-            m_i, l_i, acc = _attend(S, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, DT,
-                                    PREC, EMULATE)
+            S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D,
+                                    NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+            m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask,
+                                    HAS_G, DT, PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
             x = times_e(x, ms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT, EMULATE)
     o = acc / l_i[:, None]
