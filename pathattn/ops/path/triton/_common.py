@@ -115,6 +115,15 @@ def load_tile(ptr, rows, rmask, stride, col0, cols, cmask):
 
 
 @device_fn
+def exp_ftz(x):
+    """exp(x) as exp2(x log2(e)): Triton lowers tl.exp2 to one flush-to-zero ex2
+    instruction, tl.exp to one that keeps subnormal results, which ptxas wraps in a
+    compare and two predicated multiplies per element. Results below 2**-126 are 0 here
+    (probabilities that small do not change a float32 sum)."""
+    return tl.exp2(x * 1.4426950408889634)
+
+
+@device_fn
 def finite_or_zero(x):
     """x with every NaN and inf entry replaced by 0 (NaN fails the comparison too): the
     kernels read the inputs' non-finite entries as 0 (`Backend.sanitizes`)."""

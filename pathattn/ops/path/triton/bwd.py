@@ -50,6 +50,7 @@ from ...common.triton_launch import launch_kernel
 from ._common import (
     block_ptrs,
     device_fn,
+    exp_ftz,
     full_block_reflections,
     load_raw,
     mm_lp,
@@ -71,7 +72,7 @@ def _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT: tl
     """P and dS = P * (dO V^T - delta) of a query block against the full key block at token
     tc, from the logits S formed as the forward formed them."""
     kr = tc + tl.arange(0, BT)
-    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
+    P = tl.where(rmask[:, None], exp_ftz(S - lse[:, None]), 0.0)
     Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
     return P, P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
 
@@ -188,7 +189,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
     lse = tl.load(lse_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
     delta = tl.load(delta_ptr + row_offsets(rows, HQ, hq), mask=rmask, other=0.0)
     # the query block's own keys first, so that S is dead before the walk
-    P = tl.where(rmask[:, None], tl.exp(S - lse[:, None]), 0.0)
+    P = tl.where(rmask[:, None], exp_ftz(S - lse[:, None]), 0.0)
     V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
     dS = P * (mm_lp(dO, tl.trans(V), DT, PREC, EMULATE) - delta[:, None])
     tl.atomic_add(tile_ptrs(dv_ptr, rows, H * DV, h * DV, vcols),

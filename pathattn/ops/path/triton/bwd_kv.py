@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ...common.triton_launch import launch_kernel
-from ._common import block_ptrs, gate_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
+from ._common import block_ptrs, exp_ftz, gate_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
 from .crossings import pair_index, times_et
 from .segments import times_e
 
@@ -99,7 +99,7 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
                 gab = (tl.load(g_ptr + row_offsets(a0, HQ, hq))
                        - tl.load(g_ptr + row_offsets(t0 + BT - 1, HQ, hq))).to(tl.float32)
                 ST -= (ge - gab)[:, None]
-            PT = tl.exp(ST - lse[None, :])
+            PT = exp_ftz(ST - lse[None, :])
             dV += mm_lp(PT, dO, DT, PREC, EMULATE)
             dST = PT * (mm_lp(V, tl.trans(dO), DT, PREC, EMULATE) - delta[None, :])
             dK += mm_lp(dST, Y, DT, PREC, EMULATE)

@@ -42,6 +42,7 @@ from ...common.triton_launch import launch_kernel
 from ._common import (
     block_reflections,
     device_fn,
+    exp_ftz,
     full_block_reflections,
     gate_ptrs,
     load_input,
@@ -131,11 +132,11 @@ def _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, HAS_G: tl.c
     term, added per row, with gates only)."""
     if HAS_G:  # the row term shifts the max, not every logit
         m_new = tl.maximum(m_i, tl.max(S, axis=1) + gq)
-        P = tl.exp(S - (m_new - gq)[:, None])
+        P = exp_ftz(S - (m_new - gq)[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(S, axis=1))
-        P = tl.exp(S - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
+        P = exp_ftz(S - m_new[:, None])
+    alpha = exp_ftz(m_i - m_new)
     l_i = l_i * alpha + tl.sum(P, axis=1)
     Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
     acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
@@ -168,7 +169,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                      rmask, t0, s1, hq, h, scale, HQ, H, D, NTOK, cols, cmask,
                                      HAS_G, BT, PREC, R, BTR)
     m_i = tl.max(S, axis=1)
-    P = tl.exp(S - m_i[:, None])
+    P = exp_ftz(S - m_i[:, None])
     l_i = tl.sum(P, axis=1)
     V = load_raw(v_ptr, rows, rmask, H * DV, h * DV, vcols, vmask)
     acc = mm_lp(P, V, DT, PREC, EMULATE)

@@ -273,6 +273,15 @@ def test_no_atomics_in_the_block_pairs_of_earlier_segments(reports, case):
         assert kv.atomics_in_loops == {} and kv.atomics_outside_loops == {}
 
 
+def test_exponentials_take_one_instruction():
+    """The kernels exponentiate with `_common.exp_ftz` (one flush-to-zero ex2), never
+    tl.exp, whose subnormal handling costs a compare and two multiplies per element."""
+    src = ROOT / "pathattn/ops/path/triton"
+    offenders = [f"{p.name}:{i + 1}" for p in sorted(src.glob("*.py"))
+                 for i, line in enumerate(p.read_text().splitlines()) if "tl.exp(" in line]
+    assert offenders == []
+
+
 def test_every_kernel_is_compiled():
     assert {k for *_, kernels in CASES.values() for k in kernels} == set(KERNELS)
     assert {c[0] for c in CASES.values()} == {"sm_80", "sm_90"}
