@@ -159,6 +159,15 @@ def gate_ptrs(ptr, hq, NTOK, r0, lr):
 
 
 @device_fn
+def load_block(ptr, r0, BT: tl.constexpr, stride, col0, cols, cmask):
+    """x[r0 .. r0 + BT - 1, col0 + cols] of a full block starting at the scalar row r0, in
+    x's dtype (zero past cmask): one int64 base and loop-invariant int32 offsets, so a loop
+    over blocks computes one address per block instead of one per element."""
+    return tl.load(block_ptrs(ptr, r0, tl.arange(0, BT), stride, col0, cols),
+                   mask=cmask[None, :], other=0.0)
+
+
+@device_fn
 def tile_ptrs(ptr, rows, stride, col0, cols):
     """Pointers of x[rows, col0 + cols]."""
     return ptr + tile_offsets(rows, stride, col0, cols)

@@ -45,6 +45,7 @@ from ._common import (
     exp_ftz,
     full_block_reflections,
     gate_ptrs,
+    load_block,
     load_input,
     load_raw,
     load_tile,
@@ -101,8 +102,7 @@ def key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK
     product). Gates (ga of `query_block_start`): the module docstring's last two terms,
     one per key; the queries' own term gq is the caller's, added per row to the running
     max (forward) or taken out of the log-sum-exp (backward)."""
-    kmask = kr >= 0
-    Kt = load_raw(kt_ptr, kr, kmask, H * D, h * D, cols, cmask)
+    Kt = load_block(kt_ptr, tb, BT, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
         ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, tb, tl.arange(0, BT)))  # G_j - G_b1
@@ -125,10 +125,10 @@ def apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.conste
 
 
 @device_fn
-def _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, HAS_G: tl.constexpr,
-            DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+def _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask, HAS_G: tl.constexpr,
+            BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
     """Online softmax step: the running max m_i, sum l_i and acc [BT, BDV] after the logits
-    S + gq [BT, BT] against the full key block of tokens kr (gq [BT]: the queries' gate
+    S + gq [BT, BT] against the full key block starting at token tb (gq [BT]: the queries' gate
     term, added per row, with gates only)."""
     if HAS_G:  # the row term shifts the max, not every logit
         m_new = tl.maximum(m_i, tl.max(S, axis=1) + gq)
@@ -138,7 +138,7 @@ def _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask, HAS_G: tl.c
         P = exp_ftz(S - m_new[:, None])
     alpha = exp_ftz(m_i - m_new)
     l_i = l_i * alpha + tl.sum(P, axis=1)
-    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    Vb = load_block(v_ptr, tb, BT, H * DV, h * DV, vcols, vmask)
     acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
     return m_new, l_i, acc
 
@@ -180,8 +180,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         kr = tb + cbt
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK,
                                 cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
-        m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask,
-                                HAS_G, DT, PREC, EMULATE)
+        m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
+                                HAS_G, BT, DT, PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
                              EMULATE)
     slot = tl.load(slot_ptr + blk) - sa  # slot of the sequence's segment 0
@@ -192,8 +192,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             kr = tb + cbt
             S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D,
                                     NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
-            m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, kr, h, H, DV, vcols, vmask,
-                                    HAS_G, DT, PREC, EMULATE)
+            m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
+                                    HAS_G, BT, DT, PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
             x = times_e(x, ms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT, EMULATE)
     o = acc / l_i[:, None]
