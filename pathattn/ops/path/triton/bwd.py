@@ -235,7 +235,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             tc = s0 + (sc * SEG + j) * BT
             y = tl.load(yc_ptrs, mask=smask, other=0.0)
             S, _ = key_block_logits(y, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H,
-                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
+                                    False)
             g, drow = _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr,
                                            v_ptr, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
                                            BT, DT, PREC, EMULATE)
@@ -246,7 +247,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                  cmask, PREC, BT, R, BTR, TDT, EMULATE)
         tc = s0 + c * BT
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H, D,
-                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False)
         g, drow = _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
                                    v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                                    dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,

@@ -96,13 +96,18 @@ def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows, r
 @device_fn
 def key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK, cols,
                      cmask, HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
-                     PREC: tl.constexpr, EMULATE: tl.constexpr):
+                     PREC: tl.constexpr, EMULATE: tl.constexpr, HOIST: tl.constexpr):
     """Logits [BT, BT] of the query state x against the full key block starting at tb
     (tokens kr), and its keys K~ (in the inputs' dtype DT, the operand dtype of the
     product). Gates (ga of `query_block_start`): the module docstring's last two terms,
     one per key; the queries' own term gq is the caller's, added per row to the running
-    max (forward) or taken out of the log-sum-exp (backward)."""
-    Kt = load_block(kt_ptr, tb, BT, H * D, h * D, cols, cmask)
+    max (forward) or taken out of the log-sum-exp (backward). HOIST: load the keys through
+    loop-invariant offsets (`load_block`; the forward), else per-element offsets (the
+    backward, where the held offsets raised its register spills)."""
+    if HOIST:
+        Kt = load_block(kt_ptr, tb, BT, H * D, h * D, cols, cmask)
+    else:
+        Kt = load_raw(kt_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
         ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, tb, tl.arange(0, BT)))  # G_j - G_b1
@@ -179,7 +184,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         tb = t0 - (ib + 1) * BT
         kr = tb + cbt
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK,
-                                cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+                                cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True)
         m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
                                 HAS_G, BT, DT, PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
@@ -191,7 +196,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             tb = s0 + (sc * SEG + j) * BT
             kr = tb + cbt
             S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D,
-                                    NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE)
+                                    NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True)
             m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
                                     HAS_G, BT, DT, PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
