@@ -122,9 +122,13 @@ def apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.conste
                      TDT: tl.constexpr, EMULATE: tl.constexpr):
     """x Pt_b = x - (x W_b^T) U_b for the full block b starting at token tb: operands in
     TDT (`_common.transition_dtype`), float32 accumulation, x itself stays float32."""
-    wr, wmask = full_block_reflections(tb, BT, R, BTR)
-    Wb = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
-    Ub = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+    if BT * R == BTR:  # no padding rows: a whole block of reflections
+        Wb = load_block(wt_ptr, tb * R, BTR, H * D, h * D, cols, cmask)  # [BTR, BD]
+        Ub = load_block(u_ptr, tb * R, BTR, H * D, h * D, cols, cmask)
+    else:
+        wr, wmask = full_block_reflections(tb, BT, R, BTR)
+        Wb = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        Ub = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
     xw = mm_lp(x, tl.trans(Wb), TDT, PREC, EMULATE)  # [BT, BTR]
     return x - mm_lp(xw, Ub, TDT, PREC, EMULATE)
 
