@@ -1,6 +1,7 @@
 """Tile helpers shared by the Triton kernels of the FoX and stick-breaking ops: the
 interpreter switch, strided tile loads and stores over the flattened token axis, the
-product with 16-bit operands and float32 accumulation, and rounding to 16 bits.
+product with 16-bit operands and float32 accumulation, and rounding to 16 bits; and the
+gate offsets' pointers, which the PaTH kernels use too.
 
 This module imports Triton; the ops import it only from their `triton` packages, on first
 use of a kernel. On CPU tensors the kernels run under Triton's interpreter
@@ -15,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["interpreting", "helper", "load_rows", "store_rows", "dot", "rounded",
+__all__ = ["interpreting", "helper", "load_rows", "store_rows", "gate_ptrs", "dot", "rounded",
            "TL_DTYPE", "LOG2E", "padded_dim"]
 
 LOG2E = 1.4426950408889634
@@ -51,6 +52,13 @@ def store_rows(ptr, x, rows, rmask, stride_n, col0, cols, cmask):
     """x[rows, col0 + cols] = x (tl.store casts to the pointer's dtype) where masked in."""
     offs = rows.to(tl.int64)[:, None] * stride_n + col0 + cols[None, :]
     tl.store(ptr + offs, x, mask=rmask[:, None] & cmask[None, :])
+
+
+@helper
+def gate_ptrs(ptr, hq, NTOK, r0, lr):
+    """Pointers of x[hq, r0 + lr] of a head-major [HQ, NTOK] array (the gate offsets of
+    `token_blocks.block_gate_offsets`) for a scalar first token r0."""
+    return ptr + (hq.to(tl.int64) * NTOK + r0) + lr
 
 
 @helper

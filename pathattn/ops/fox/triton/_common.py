@@ -29,6 +29,7 @@ from ...common.triton_tiles import (  # noqa: F401 - the kernels import them fro
     LOG2E,
     TL_DTYPE,
     dot,
+    gate_ptrs,
     helper,
     interpreting,
     load_rows,
@@ -53,7 +54,7 @@ def key_gates(G_ptr, ge_ptr, ks, Ga, HQ, hq, NTOK, BT: tl.constexpr):
     [HQ, NTOK] (`pathattn.ops.common.token_blocks.block_gate_offsets`). With g <= 0 both
     are <= 0: one float64 difference per tile pair, none per key."""
     gab = (Ga - tl.load(G_ptr + tl.cast(ks + BT - 1, tl.int64) * HQ + hq)).to(tl.float32)
-    ge = tl.load(ge_ptr + (hq.to(tl.int64) * NTOK + ks) + tl.arange(0, BT))
+    ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, ks, tl.arange(0, BT)))
     return (gab - ge) * 1.4426950408889634
 
 

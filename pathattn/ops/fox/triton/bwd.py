@@ -26,6 +26,7 @@ from ...common.triton_launch import launch_kernel
 from ._common import (
     diagonal_gate,
     dot,
+    gate_ptrs,
     key_gates,
     load_gates,
     load_rows,
@@ -68,8 +69,7 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, G_ptr, gs_ptr, ge_ptr, do_ptr, lse_ptr, de
         hi, lo = split(tl.where(kmask, Gk - Ga, 0.0))
         # the keys' offsets to the tile's last token, G_j - G_b1 (the tile is full when
         # later query tiles exist)
-        ge = tl.load(ge_ptr + (hq.to(tl.int64) * NTOK + t0) + tl.arange(0, BT), mask=kmask,
-                     other=0.0)
+        ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, t0, tl.arange(0, BT)), mask=kmask, other=0.0)
         gb = tl.load(G_ptr + (tl.minimum(t0 + BT, s1) - 1).to(tl.int64) * HQ + hq)
         Q = load_rows(q_ptr, kr, kmask, sq_n, hq * sq_h, cols, cmask)
         dO = load_rows(do_ptr, kr, kmask, sdo_n, hq * sdo_h, vcols, vmask)
@@ -94,8 +94,8 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, G_ptr, gs_ptr, ge_ptr, do_ptr, lse_ptr, de
             delta = tl.load(delta_ptr + qr.to(tl.int64) * HQ + hq, mask=qmask, other=0.0)
             # (G_i - G_qs) + (G_qs - G_b1) - (G_j - G_b1), each term <= 0 (`_common`); the
             # query's term moves into lse (when it is large, P is 0 anyway)
-            qb = tl.load(gs_ptr + (hq.to(tl.int64) * NTOK + qs) + tl.arange(0, BT),
-                         mask=qmask, other=0.0)
+            qb = tl.load(gate_ptrs(gs_ptr, hq, NTOK, qs, tl.arange(0, BT)), mask=qmask,
+                         other=0.0)
             lse = lse - qb * 1.4426950408889634
             kb = (tl.load(G_ptr + qs.to(tl.int64) * HQ + hq) - gb).to(tl.float32) - ge
             St = dot(K, tl.trans(Q), PREC, EMULATE) * scale2 + (kb * 1.4426950408889634)[:, None]

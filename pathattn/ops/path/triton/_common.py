@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ...common.triton_tiles import gate_ptrs  # noqa: F401 - the scans import it from here
+
 __all__ = ["block_table", "interpreting", "tile_kwargs", "reflection_tile", "device_fn",
            "tile_offsets", "row_offsets", "e_offsets", "transition_dtype"]
 
@@ -149,13 +151,6 @@ def block_ptrs(ptr, r0, lr, stride, col0, cols):
     """Pointers of x[r0 + lr, col0 + cols] ([R, C]) for a scalar first row r0: one int64
     base and int32 offsets inside the tile (fewer registers than `tile_ptrs`)."""
     return (ptr + (r0.to(tl.int64) * stride + col0)) + (lr[:, None] * stride + cols[None, :])
-
-
-@device_fn
-def gate_ptrs(ptr, hq, NTOK, r0, lr):
-    """Pointers of x[hq, r0 + lr] of a head-major [HQ, NTOK] array (the gate offsets) for a
-    scalar first token r0."""
-    return ptr + (hq.to(tl.int64) * NTOK + r0) + lr
 
 
 @device_fn
