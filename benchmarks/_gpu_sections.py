@@ -36,6 +36,7 @@ from _children import run_children
 from _env import system_info
 from _gpu_fox import fox_kernels
 from _gpu_lm import generate, lm_commands
+from _gpu_pipe import pipelining
 from _gpu_sba import sba_kernels
 from _gpu_triage import child as triage_child
 from _gpu_triage import failed_variant, triage
@@ -555,7 +556,8 @@ def lm_step(ctx: Context, sec: dict) -> None:
 # -------------------------------------------------------------------------------- run
 
 SECTIONS = {"environment": environment, "first_call": first_call, "triage": triage,
-            "speed": speed, "lm_step": lm_step, "profile": profile, "correctness": correctness,
+            "speed": speed, "pipelining": pipelining, "lm_step": lm_step, "profile": profile,
+            "correctness": correctness,
             "fox_kernels": fox_kernels, "sba_kernels": sba_kernels, "generate": generate,
             "lm_commands": lm_commands}
 

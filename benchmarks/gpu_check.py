@@ -16,6 +16,8 @@ left are recorded as skipped:
                 their errors against the float64 op (`_gpu_triage.py`)
   speed         forward and forward + backward ms of flash SDPA, fla and ours, ratios, peak
                 extra memory of forward + backward
+  pipelining    forward and forward + backward ms per pipeline depth of each scan kernel's
+                loop over earlier segments, against the defaults (`_gpu_pipe.py`)
   lm_step       step seconds of a 760M PaTHLM per attention type, ratio to rope
   profile       the top CUDA kernels of one forward + backward of ours and of fla's
   correctness   relative errors of o and of every gradient against the float64 op, for the

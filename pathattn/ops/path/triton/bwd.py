@@ -166,7 +166,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                 table_ptr, scale, SEG, HQ, H, D, DV, NTOK, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
-                EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+                EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                PIPE: tl.constexpr = 1):
     blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
@@ -231,7 +232,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                            EMULATE)
         tl.store(yc_ptrs, y, mask=smask)
         tl.debug_barrier()
-        for j in range(0, SEG):  # plain attention, as the forward met these blocks
+        # plain attention, as the forward met these blocks, PIPE loads in flight
+        for j in tl.range(0, SEG, num_stages=PIPE):
             tc = s0 + (sc * SEG + j) * BT
             y = tl.load(yc_ptrs, mask=smask, other=0.0)
             S, _ = key_block_logits(y, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H,
@@ -263,7 +265,7 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
              scale: float, seg: int, BT: int, BD: int, BDV: int, dt, tdt, prec: str,
              emulate: bool, BK: int, BKV: int, launch: dict | None = None,
              seg_launch: dict | None = None, kv_launch: dict | None = None,
-             kv_tiles: tuple[int, int] | None = None):
+             kv_tiles: tuple[int, int] | None = None, seg_rows: int | None = None):
     """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv] (q's dtype), lse and
     delta = rowsum(dO * O) [N, HQ] (float32), the segment slots of
     `segments.segment_slots` and pairs = (pair bases, rows) of `crossings.segment_pairs`
@@ -276,7 +278,8 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     a time (divisors of BD) by the query-parallel and the key-parallel kernel; launch /
     seg_launch / kv_launch: num_warps / num_stages of the query-parallel scan, of the
     segment kernels (`segments`, `crossings`) and of the key-parallel kernel (`bwd_kv`);
-    kv_tiles: the latter's (BKT, BQ).
+    kv_tiles: the latter's (BKT, BQ); seg_rows: the rows of E per program of
+    `segments.segment_grads`.
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
@@ -309,5 +312,5 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     dv += dvq.view(N, H, HQ // H, Dv).sum(2)  # a key head's query heads
     dks = dks.view(N, H, HQ // H, D).sum(2)
     segment_grads(w, u, kt, e, dks, dms, table, slots, seg, BT, BD, prec, dt, tdt, emulate,
-                  dkt, du, dwp, R, seg_launch)
+                  dkt, du, dwp, R, seg_launch, seg_rows)
     return dqt, dsd, dv, dkt, du, dwp, dG

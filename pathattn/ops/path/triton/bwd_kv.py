@@ -43,7 +43,8 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
                    delta_ptr, dks_ptr, dv_ptr, dgate_ptr, table_ptr, SEG, HQ, H, D, DV, NTOK,
                    G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                    BQ: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr,
-                   DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+                   DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
+                   PIPE: tl.constexpr = 1):
     blk = tl.program_id(0) // (BT // BKT)  # BKT of the block's keys per program
     hq = tl.program_id(1)
     h = hq // G
@@ -82,7 +83,8 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
                           PREC, EMULATE).to(DT)
         dK = tl.zeros([BKT, BD], dtype=tl.float32)
         q0 = s0 + p * SEG * BT  # the segment's queries, BQ at a time
-        for j in range(0, (tl.minimum(q0 + SEG * BT, s1) - q0 + BQ - 1) // BQ):
+        n_q = (tl.minimum(q0 + SEG * BT, s1) - q0 + BQ - 1) // BQ
+        for j in tl.range(0, n_q, num_stages=PIPE):  # PIPE loads in flight
             ta = q0 + j * BQ
             qrows = ta + cq
             qmask = qrows < s1

@@ -18,7 +18,8 @@ import torch
 __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig",
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
-           "KV_TILES", "kv_tiles", "register_cap"]
+           "KV_TILES", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
+           "SEG_BWD_ROWS", "pipe_table"]
 
 KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd")
 H100_SHARED = 232448  # bytes per block (opt-in maximum), sm_90
@@ -187,6 +188,30 @@ KV_TILES = {
 }
 
 
+# kernels whose loop over earlier segments' blocks (the forward's and the query kernel's
+# plain-attention blocks, the key kernel's query steps) takes its own pipeline depth, the
+# compile-time argument PIPE (`LaunchConfig.pipe_stages`)
+PIPELINED = ("fwd", "bwd", "bwd_kv")
+# (architecture, padded head dim) -> kernel -> PIPE for 16-bit inputs, where it differs from
+# the kernel's num_stages. Chosen ahead of time: the depth with no spill traffic in loops
+# and two resident blocks per SM (`benchmarks/triton_fit.py --report --loops`);
+# `benchmarks/gpu_check.py`'s "pipelining" section times the alternatives.
+PIPE_STAGES = {(80, 64): {"fwd": 3}}
+# architecture -> rows of a segment's products E per program of the segment backward
+# (`segments.segment_grads`), where not min(BD, BT): at 64 rows on sm_80 ptxas keeps 32
+# registers and spills 20 KB per thread (3,623 spill loads / stores per block at D = 64);
+# at 32 rows, 1.6 KB (302 per block, two programs per block)
+SEG_BWD_ROWS = {80: 32}
+
+
+def pipe_table(arch: int, BD: int, dtype: torch.dtype) -> tuple:
+    """`LaunchConfig.pipe` on architecture `arch` for padded head dim BD and inputs of
+    `dtype` (`PIPE_STAGES`; float32 inputs keep the kernels' num_stages)."""
+    if dtype == torch.float32:
+        return ()
+    return tuple(PIPE_STAGES.get((arch, BD), {}).items())
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Block length BT, the shared-memory limit it was chosen for (bytes), num_warps and
@@ -194,7 +219,9 @@ class LaunchConfig:
     stage), BK, the rows of a segment product the backward scan reads at a time, R, the
     reflections per token it was chosen for, and kv, the (BKT, BQ) tiles of the key-parallel
     backward kernel and the rows of Pi it reads at a time (empty: whole blocks, and
-    `m_rows`; see `kv_tiles`)."""
+    `m_rows`; see `kv_tiles`), pipe, (kernel name, depth) pairs of `PIPELINED` kernels'
+    loops over earlier segments (`pipe_stages`), and seg_rows, the rows of E per program of
+    the segment backward (0: min(BD, BT); `seg_bwd_rows`)."""
 
     BT: int
     shared_limit: int
@@ -203,6 +230,8 @@ class LaunchConfig:
     BK: int = _E_ROWS
     R: int = 1
     kv: tuple = ()
+    pipe: tuple = ()
+    seg_rows: int = 0
 
     def kv_tiles(self) -> tuple[int, int]:
         """(BKT, BQ) of the backward's key-parallel kernel: keys per program and queries per
@@ -218,10 +247,21 @@ class LaunchConfig:
         """(num_warps, num_stages) of `kernel`."""
         return dict(self.warps).get(kernel, 4), dict(self.stages).get(kernel, 1)
 
+    def seg_bwd_rows(self, BD: int) -> int:
+        """Rows of E per program of the segment backward (`seg_rows`, else min(BD, BT))."""
+        return min(BD, self.BT, self.seg_rows or BD)
+
+    def pipe_stages(self, kernel: str) -> int:
+        """Pipeline depth of the loop over earlier segments' blocks of a `PIPELINED` kernel
+        (`pipe`, else its num_stages)."""
+        return dict(self.pipe).get(kernel, self.launch(kernel)[1])
+
     def launch_kwargs(self, kernel: str) -> dict:
-        """num_warps / num_stages keyword arguments of a kernel launch."""
+        """num_warps / num_stages keyword arguments of a kernel launch, and PIPE for the
+        `PIPELINED` kernels."""
         warps, stages = self.launch(kernel)
-        return {"num_warps": warps, "num_stages": stages}
+        pipe = {"PIPE": self.pipe_stages(kernel)} if kernel in PIPELINED else {}
+        return {"num_warps": warps, "num_stages": stages, **pipe}
 
     def e_rows(self, BD: int) -> int:
         """Rows of a segment product (M, Pi) the backward's query kernel and the Pi kernel
@@ -342,7 +382,8 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
                        and table[block_size][col + 1] <= shared_limit // 2) else 1
     arch = 90 if interpreter or capability[0] >= 9 else 80
     return LaunchConfig(block_size, shared_limit, stages=(("fwd", fwd_stages),),
-                        R=reflections, kv=kv_tiles(arch, BD, dtype, block_size))
+                        R=reflections, kv=kv_tiles(arch, BD, dtype, block_size),
+                        pipe=pipe_table(arch, BD, dtype), seg_rows=SEG_BWD_ROWS.get(arch, 0))
 
 
 def kv_tiles(arch: int, BD: int, dtype: torch.dtype, BT: int) -> tuple:

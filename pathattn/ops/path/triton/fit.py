@@ -50,10 +50,13 @@ from .config import (
     A100_SHARED,
     H100_SHARED,
     KERNELS,
+    PIPELINED,
+    SEG_BWD_ROWS,
     LaunchConfig,
     block_lengths,
     kv_tiles,
     launch_config,
+    pipe_table,
 )
 
 __all__ = ["DEVICES", "Compiled", "KernelFit", "check", "compile_jit", "compile_kernel",
@@ -154,11 +157,15 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
         c.update(BK=rows(tiles["BD"]))
     if kernel == "bwd_kv":
         c.update(zip(("BKT", "BQ"), cfg.kv_tiles(), strict=True))
+    if kernel in PIPELINED:
+        c.update(PIPE=cfg.pipe_stages(kernel))
     if kernel == "pi":
         c.update(BR=min(tiles["BD"], cfg.BT), TDT=_TL[transition_dtype(dtype)], EMULATE=False)
     if kernel in ("seg", "seg_bwd"):  # seg as the backward launches it (storing E)
-        c.update(BR=min(tiles["BD"], cfg.BT), DT=_TL[dtype], TDT=_TL[transition_dtype(dtype)],
-                 EMULATE=False, **({"STORE_E": True} if kernel == "seg" else {}))
+        c.update(BR=(cfg.seg_bwd_rows(tiles["BD"]) if kernel == "seg_bwd"
+                     else min(tiles["BD"], cfg.BT)), DT=_TL[dtype],
+                 TDT=_TL[transition_dtype(dtype)], EMULATE=False,
+                 **({"STORE_E": True} if kernel == "seg" else {}))
     elif kernel == "ut_fwd":
         c.update(LOG_BTR=btr.bit_length() - 1, BDV=tiles["BDV"])
     elif kernel == "ut_bwd_q":
@@ -297,8 +304,10 @@ def measure_shared_table(capability: int, reflections: int = 1, progress=None) -
         for BT in block_lengths(reflections):
             row = []
             for dtype in (torch.float32, torch.bfloat16):
-                cfg = LaunchConfig(BT, 0, R=reflections,
-                                   kv=kv_tiles(capability // 10 * 10, BD, dtype, BT))
+                arch = capability // 10 * 10
+                cfg = LaunchConfig(BT, 0, R=reflections, kv=kv_tiles(arch, BD, dtype, BT),
+                                   pipe=pipe_table(arch, BD, dtype),
+                                   seg_rows=SEG_BWD_ROWS.get(arch, 0))
                 peak = max(compile_kernel(k, BD, dtype, True, cfg, capability, G=G).shared
                            for k in KERNELS for G in launched_kernels(k))
                 fwd2 = compile_kernel("fwd", BD, dtype, True, cfg, capability,

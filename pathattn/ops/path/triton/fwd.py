@@ -73,14 +73,16 @@ def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows, r
     cbt = tl.arange(0, BT)
     wrows, wmask = block_reflections(t0, s1, BT, R, BTR)
     Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
-    W = load_tile(wt_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
-    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
-    U = load_tile(u_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
-    M = load_tile(m_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)  # [BTR, BT]
     incl = cbt[:, None] >= reflection_tokens(R, BTR)[None, :]  # [BT, BTR]
+    # each operand loaded just before its product: their shared-memory buffers never overlap
+    W = load_tile(wt_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
     QW = tl.where(incl, mm(Q, tl.trans(W), PREC), 0.0)
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
+    S = mm(Q, tl.trans(K), PREC)
+    M = load_tile(m_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)  # [BTR, BT]
+    S -= mm(QW, M, PREC)
+    U = load_tile(u_ptr, wrows, wmask, H * D, h * D, cols, cmask)  # [BTR, BD]
     x = Q - mm(QW, U, PREC)
-    S = mm(Q, tl.trans(K), PREC) - mm(QW, M, PREC)
     gq = tl.zeros([BT], dtype=tl.float32)
     ga = 0.0
     if HAS_G:
@@ -158,7 +160,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                 NTOK, G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                 BDV: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
                 PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
-                BTR: tl.constexpr):
+                BTR: tl.constexpr, PIPE: tl.constexpr = 1):
     blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
@@ -193,10 +195,10 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                 HAS_G, BT, DT, PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
                              EMULATE)
-    slot = tl.load(slot_ptr + blk) - sa  # slot of the sequence's segment 0
     for js in range(0, sa):  # earlier segments, right to left; x = y^(s)
         sc = sa - 1 - js
-        for j in range(0, SEG):  # plain attention against the keys moved to the end of sc
+        # plain attention against the keys moved to the end of sc, PIPE loads in flight
+        for j in tl.range(0, SEG, num_stages=PIPE):
             tb = s0 + (sc * SEG + j) * BT
             kr = tb + cbt
             S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D,
@@ -204,7 +206,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
                                     HAS_G, BT, DT, PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
-            x = times_e(x, ms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+            slot = tl.load(slot_ptr + blk) - sa + sc  # the slot of segment sc
+            x = times_e(x, ms_ptr, slot, h, H, cols, BD, BK, PREC, TDT, EMULATE)
     o = acc / l_i[:, None]
     tl.store(tile_ptrs(o_ptr, rows, HQ * DV, hq * DV, vcols), o,
              mask=rmask[:, None] & vmask[None, :])

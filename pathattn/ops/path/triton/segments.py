@@ -193,13 +193,16 @@ def _seg_bwd_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, dks_ptr, dms_ptr, slot_ptr, dk
 
 def segment_grads(w, u, kt, e, dks, dms, table, slots, seg: int, BT: int, BD: int,
                   prec: str, dt, tdt, emulate: bool, dkt, du, dwp, R: int = 1,
-                  launch: dict | None = None) -> None:
+                  launch: dict | None = None, rows: int | None = None) -> None:
     """Adds the gradients that flow through the segment keys and transitions (dks [N, H, D]
     and dms [n_slots, H, BD, BD], float32) to dkt [N, H, D] and du, dwp [N * R, H, D]
     (float32, in place); E as `segment_keys(store_e=True)` returned it. One program per
-    segment, head and group of min(BD, BT) rows of E (module docstring)."""
+    segment, head and group of `rows` rows of E (a power of two dividing BD; default
+    min(BD, BT); module docstring)."""
+    BR = rows or min(BD, BT)
+    if BD % BR:
+        raise ValueError(f"rows must divide the padded head dim {BD}, got {BR}")
     H = kt.shape[1]
-    BR = min(BD, BT)
     launch_kernel(_seg_bwd_kernel, (table.shape[0], H, BD // BR))(
         w, u, kt, e, dks, dms, slots, dkt, du, dwp, table, H, kt.shape[2], seg, BT=BT, BD=BD,
         BR=BR, PREC=prec, R=R, BTR=reflection_tile(BT, R), DT=dt, TDT=tdt, EMULATE=emulate,

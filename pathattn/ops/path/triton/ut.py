@@ -116,20 +116,20 @@ def _ut_fwd_kernel(k_ptr, v_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, x_ptr, w
     cbr = tl.arange(0, BTR)
     W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
                             cols, cmask)
+    wsmask = wmask[:, None] & cmask[None, :]
+    # w as the scans read it: finite, in the transitions' operand dtype
+    tl.store(tile_ptrs(wt_ptr, wrows, H * D, h * D, cols), W, mask=wsmask)
     E, N = _block_products(W, K, BT, R, BTR, PREC)
     strict = cbr[:, None] > cbr[None, :]
     X = _unit_lower_inverse(tl.where(strict, b[:, None] * E, 0.0), BTR, LOG_BTR, PREC)
-    A = X * b[None, :]
-    U = mm(A, W, PREC)  # [BTR, BD]
-    M = mm(A, N, PREC)  # [BTR, BT]
-    Kt = K - mm(tl.trans(M), W, PREC)
-    wsmask = wmask[:, None] & cmask[None, :]
-    tl.store(tile_ptrs(u_ptr, wrows, H * D, h * D, cols), U, mask=wsmask)
-    tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt, mask=rmask[:, None] & cmask[None, :])
-    tl.store(tile_ptrs(m_ptr, wrows, H * BT, h * BT, cbt), M, mask=wmask[:, None])
     tl.store(tile_ptrs(x_ptr, wrows, H * BTR, h * BTR, cbr), X, mask=wmask[:, None])
-    # w and v as the scans read them: finite, w in the transitions' operand dtype
-    tl.store(tile_ptrs(wt_ptr, wrows, H * D, h * D, cols), W, mask=wsmask)
+    A = X * b[None, :]
+    tl.store(tile_ptrs(u_ptr, wrows, H * D, h * D, cols), mm(A, W, PREC), mask=wsmask)  # U
+    M = mm(A, N, PREC)
+    tl.store(tile_ptrs(m_ptr, wrows, H * BT, h * BT, cbt), M, mask=wmask[:, None])
+    Kt = K - mm(tl.trans(M), W, PREC)
+    tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt, mask=rmask[:, None] & cmask[None, :])
+    # v as the scans read it (finite)
     vcols = tl.arange(0, BDV)
     vmask = rmask[:, None] & (vcols < DV)[None, :]
     V = load_input(v_ptr, rows, rmask, H * DV, h * DV, vcols, vcols < DV)

@@ -1,0 +1,62 @@
+"""Per-device launch settings of the Triton kernels that change what a program computes or
+how its loops are compiled: the pipeline depth PIPE of the scan kernels' loops over earlier
+segments (`config.PIPE_STAGES`) and the rows of E per program of the segment backward
+(`config.SEG_BWD_ROWS`). The interpreter runs the H100 settings; here the other values run
+through it, forward and every gradient against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pathattn.ops import path_attn_naive  # noqa: E402
+from pathattn.ops.path.triton import config  # noqa: E402
+from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
+
+from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads  # noqa: E402
+from .test_path_attn_triton import CU_70, F32_TOL, _on_device  # noqa: E402
+
+
+def test_devices_settings():
+    """sm_80 takes its tables' values (16-bit inputs), sm_90 the kernels' num_stages and
+    whole-block rows, float32 inputs the kernels' num_stages."""
+    a100 = config.launch_config(64, 64, torch.bfloat16, config.A100_SHARED, capability=(8, 0))
+    h100 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0))
+    assert a100.pipe_stages("fwd") == config.PIPE_STAGES[80, 64]["fwd"]
+    a100_f32 = config.launch_config(64, 64, torch.float32, config.A100_SHARED, capability=(8, 0))
+    assert a100_f32.pipe_stages("fwd") == a100_f32.launch("fwd")[1]
+    assert a100.seg_bwd_rows(64) == config.SEG_BWD_ROWS[80] < 64
+    for k in config.PIPELINED:
+        assert h100.pipe_stages(k) == h100.launch(k)[1]
+        assert h100.launch_kwargs(k)["PIPE"] == h100.pipe_stages(k)
+    assert h100.seg_bwd_rows(64) == 64
+    assert "PIPE" not in h100.launch_kwargs("ut_fwd")
+
+
+@pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
+def test_other_settings_through_the_interpreter(monkeypatch, gates, cu):
+    """Depths 2 and 3 and a quarter of E's rows per program (D = 32, 16-token blocks, one
+    block per segment: every block pair but the diagonal crosses segments)."""
+    monkeypatch.setattr(config, "pipe_table", lambda *a: (("fwd", 3), ("bwd", 2), ("bwd_kv", 3)))
+    monkeypatch.setitem(config.SEG_BWD_ROWS, 90, 8)
+    cfg = config.launch_config(32, 32, torch.float32, None, 16)
+    assert (cfg.pipe_stages("fwd"), cfg.pipe_stages("bwd"), cfg.seg_bwd_rows(32)) == (3, 2, 8)
+    T = 70
+    inputs = make_inputs(1, T, 2, 1, 32, 32, gates)
+    dout = make_dout(1, T, 2, 32)
+    cu_seqlens = None if cu is None else torch.tensor(cu)
+    ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, cu_seqlens=cu_seqlens,
+                          block_size=16, seg=1)
+    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
+                                                for x in inputs), dout, cu_seqlens=cu_seqlens)
+    assert_close_to_reference(ours, ref, F32_TOL)
+
+
+def test_rows_must_divide_the_head_dim():
+    from pathattn.ops.path.triton.segments import segment_grads
+
+    with pytest.raises(ValueError, match="rows must divide the padded head dim 32, got 24"):
+        segment_grads(*([None] * 8), 1, 16, 32, "ieee", None, None, False, None, None, None,
+                      rows=24)
