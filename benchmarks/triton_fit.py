@@ -52,6 +52,7 @@ os.environ["TRITON_INTERPRET"] = "0"
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from pathattn.ops.path.triton import config as triton_config  # noqa: E402
 from pathattn.ops.path.triton import fit  # noqa: E402
 from pathattn.ops.path.triton import inspect_kernels as ik  # noqa: E402
 
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
     p.add_argument("--heads", default=None, help="comma-separated head dims (default: the set's)")
     p.add_argument("--table", action="store_true",
                    help="measure and print config.SHARED_BYTES / SHARED_BYTES_REFLECTIONS "
-                        "instead (R in --reflections, default 1, 2, 4, 8)")
+                        "instead (R in --reflections, default 1 and the R it has tables for)")
     p.add_argument("--report", action="store_true",
                    help="compile to cubin and print registers, spills, shared memory, blocks "
                         "per SM, atomics and fences in loops, MMA per block pair per kernel")
@@ -256,7 +257,8 @@ def main(argv=None) -> int:
     reflections = None if args.reflections is None else tuple(
         int(r) for r in args.reflections.split(","))
     if args.table:
-        return _table(reflections or (1, 2, 4, 8))
+        # by default the R that config.py holds tables for (more: --reflections)
+        return _table(reflections or (1, *sorted(triton_config.SHARED_BYTES_REFLECTIONS)))
     grid = dict(fit.QUICK if args.quick else fit.FULL)
     if reflections is not None:
         grid["reflections"] = reflections

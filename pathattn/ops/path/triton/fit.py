@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton.language as tl
@@ -258,8 +258,9 @@ def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: La
     sm_<capability>, to `stage` "shared" (shared memory only) or "cubin" (also registers,
     spills, PTX and cubin)."""
     fn = _KERNEL_FN[kernel]
+    if num_stages is not None:  # as the launcher's cfg would carry it (PIPE follows it)
+        cfg = replace(cfg, stages=tuple({**dict(cfg.stages), kernel: num_stages}.items()))
     warps, stages = cfg.launch(kernel)
-    stages = stages if num_stages is None else num_stages
     sig, attrs = _signature(fn, dtype, gates)
     c = compile_jit(fn, sig, _constexprs(kernel, D, dtype, gates, cfg, G), capability, warps,
                     stages, stage, attrs)
