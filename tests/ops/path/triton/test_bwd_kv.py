@@ -16,7 +16,13 @@ from pathattn.ops import path_attn_naive  # noqa: E402
 from pathattn.ops.path.triton import config  # noqa: E402
 from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
 
-from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads  # noqa: E402
+from .._helpers import (  # noqa: E402
+    assert_close_to_reference,
+    cast,
+    make_dout,
+    make_inputs,
+    run_with_grads,
+)
 from .test_path_attn_triton import CU_70, F32_TOL, _on_device  # noqa: E402
 
 
@@ -35,6 +41,5 @@ def test_kv_tiles(monkeypatch, tiles, B, T, HQ, H, gates, cu):
     cu_seqlens = None if cu is None else torch.tensor(cu)
     ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, cu_seqlens=cu_seqlens,
                           block_size=32, seg=1)
-    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
-                                                for x in inputs), dout, cu_seqlens=cu_seqlens)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)

@@ -18,7 +18,13 @@ import triton.language as tl  # noqa: E402
 from pathattn.ops import path_attn_naive  # noqa: E402
 from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
 
-from .._helpers import assert_close_to_reference, make_dout, make_inputs, run_with_grads  # noqa: E402
+from .._helpers import (  # noqa: E402
+    assert_close_to_reference,
+    cast,
+    make_dout,
+    make_inputs,
+    run_with_grads,
+)
 from ._memcheck import interpreter_memcheck, poisoned_allocations  # noqa: E402
 from .test_path_attn_triton import F32_TOL  # noqa: E402
 
@@ -47,8 +53,7 @@ def test_kernels_stay_inside_their_memory(gates, B, HQ, cu, R):
     assert found.launches >= 10, found  # every kernel of a forward + backward ran
     assert not found.out_of_bounds, found.out_of_bounds
     assert not found.races, found.races
-    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
-                                                for x in inputs), dout, cu_seqlens=cu_seqlens)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)  # finite, so nothing unwritten was read
 
 

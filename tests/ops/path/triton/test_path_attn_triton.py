@@ -21,6 +21,7 @@ from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
 
 from .._helpers import (  # noqa: E402
     assert_close_to_reference,
+    cast,
     errors,
     make_dout,
     make_inputs,
@@ -56,8 +57,7 @@ def test_fp32_backward_segments(B, T, HQ, H, gates, cu, seg):
     cu_seqlens = None if cu is None else torch.tensor(cu)
     ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, cu_seqlens=cu_seqlens,
                           block_size=16, seg=seg)
-    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
-                                                for x in inputs), dout, cu_seqlens=cu_seqlens)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)
 
 
@@ -71,7 +71,7 @@ def test_gates_with_64_token_blocks(dtype):
     B, T, HQ, H, D = 1, 200, 2, 1, 32
     inputs = make_inputs(B, T, HQ, H, D, D, True)
     dout = make_dout(B, T, HQ, D)
-    ref = run_with_grads(path_attn_naive, tuple(x.double() for x in inputs), dout)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout)
     low = tuple(x.to(dtype) for x in inputs)
     ours = run_with_grads(_on_device(path_attn_triton), low, dout.to(dtype), block_size=64,
                           seg=2)
@@ -97,8 +97,7 @@ def test_segment_products_read_in_row_slices(monkeypatch, gates):
     inputs = make_inputs(1, 80, 2, 1, D, D, gates)
     dout = make_dout(1, 80, 2, D)
     ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, block_size=16, seg=1)
-    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
-                                                for x in inputs), dout)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout)
     assert_close_to_reference(ours, ref, F32_TOL)
 
 

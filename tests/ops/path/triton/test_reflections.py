@@ -30,6 +30,7 @@ from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
 
 from .._helpers import (  # noqa: E402
     assert_close_to_reference,
+    cast,
     make_dout,
     make_reflection_inputs,
     run_with_grads,
@@ -53,8 +54,7 @@ def test_fp32_reflections(B, T, HQ, H, R, gates, cu, block_size, seg):
     ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, cu_seqlens=cu_seqlens,
                           block_size=block_size, seg=seg)
     assert ours[1][3].shape == (B, T, H, R, D) and ours[1][4].shape == (B, T, H, R)
-    ref = run_with_grads(path_attn_naive, tuple(None if x is None else x.double()
-                                                for x in inputs), dout, cu_seqlens=cu_seqlens)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)
 
 
