@@ -18,8 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # one run of ~40 s on 2 cores, shared by the tests below
-SECTIONS = ("environment", "first_call", "triage", "speed", "lm_step", "profile",
-            "correctness", "fox_kernels", "sba_kernels", "generate")
+SECTIONS = ("environment", "first_call", "triage", "speed", "pipelining", "lm_step",
+            "profile", "correctness", "fox_kernels", "sba_kernels", "generate")
 NOT_ASKED = ("lm_commands",)
 
 
@@ -154,6 +154,24 @@ def test_speed_rows(smoke):
                     "ours/sdpa_fwd", "ours/sdpa_fwdbwd"):
             assert _positive(r[key]), (key, r)
         assert r["fla_fwd_ms"] == "n/a" or _positive(r["fla_fwd_ms"])
+
+
+def test_pipelining_rows(smoke):
+    """The defaults, then every other depth of 1..3 for each pipelined kernel, each timed
+    with its ratio to the defaults."""
+    from pathattn.ops.path.triton.config import PIPELINED
+
+    rows = _rows(smoke, "pipelining")
+    assert rows[0]["kernel"] == "default" and all(k in rows[0]["PIPE"] for k in PIPELINED)
+    others = rows[1:]
+    assert {r["kernel"] for r in others} == set(PIPELINED)
+    for k in PIPELINED:  # two depths besides the default's
+        assert len({r["PIPE"] for r in others if r["kernel"] == k}) == 2
+    for r in rows:
+        assert "status" not in r, r
+        assert _positive(r["fwd_ms"]) and _positive(r["fwdbwd_ms"])
+    for r in others:
+        assert _positive(r["fwd/default"]) and _positive(r["fwdbwd/default"])
 
 
 def test_profile_table(smoke):
