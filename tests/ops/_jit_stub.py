@@ -56,7 +56,8 @@ def run_child(source: str, cache_dir: Path, *args: str, timeout: float = 600) ->
 # R)], the JIT's view of a training step's launches (the compile-only pass of a forward
 # requiring grad, the JIT's cache hook refusing every compilation) and the op's `fit`
 # views of its kernels, a list per kernel function: argument types (constexpr ones left
-# out), divisibility attributes, constants by argument index and (num_warps, num_stages).
+# out), divisibility attributes, constants by argument index and (num_warps, num_stages,
+# maxnreg).
 JIT_VS_FIT = r"""
 import json, torch, triton
 from pathattn.ops.common import triton_launch as tlaunch
@@ -67,12 +68,12 @@ from pathattn.ops.sba.triton import fit as sba_fit, op as sba_op
 from tests.ops.path._helpers import make_inputs, make_reflection_inputs
 
 
-def view(fn, signature, attrs, constexprs, warps, stages):
+def view(fn, signature, attrs, constexprs, warps, stages, maxnreg=None):
     return {"signature": {k: v for k, v in signature.items() if v != "constexpr"},
             "attrs": {str(list(k)): v for k, v in attrs.items() if v},
             "constants": {str([fn.arg_names.index(k)]): repr(v)
                           for k, v in constexprs.items()},
-            "launch": [warps, stages]}
+            "launch": [warps, stages, maxnreg]}
 
 
 def fit_views(op, dtype, D, gates, HQ, H, R):
@@ -82,7 +83,8 @@ def fit_views(op, dtype, D, gates, HQ, H, R):
         for name, fn in path_fit._KERNEL_FN.items():
             sig, attrs = path_fit._signature(fn, dtype, gates)
             consts = path_fit._constexprs(name, D, dtype, gates, cfg, HQ // H)
-            out[fn.fn.__name__] = [view(fn, sig, attrs, consts, *cfg.launch(name))]
+            out[fn.fn.__name__] = [view(fn, sig, attrs, consts, *cfg.launch(name),
+                                        cfg.max_registers(name))]
         return cfg.BT, out
     if op == "fox":
         specs = fox_fit.specializations(D, dtype, HQ // H, heads=HQ)
@@ -112,7 +114,9 @@ for op, dt, D, gates, HQ, H, R in json.loads(sys.argv[2]):
                      "signature": {k: v for k, v in c["signature"].items()
                                    if v != "constexpr"},
                      "attrs": {str(list(k)): v for k, v in dict(c["configs"][0]).items() if v},
-                     "constants": consts, "launch": [c["num_warps"], c["num_stages"]]})
+                     "constants": consts,
+                     "launch": [c["num_warps"], c["num_stages"],
+                                json.loads(c["specialization_data"])["options"]["maxnreg"]]})
         return True  # no compilation
 
     triton.knobs.runtime.jit_cache_hook = hook

@@ -1,6 +1,6 @@
 """Launch configuration of the Triton kernels: block length, num_warps and num_stages.
 
-`launch_config` picks the largest block length whose nine kernels fit the device's shared
+`launch_config` picks the largest block length whose ten kernels fit the device's shared
 memory, from `SHARED_BYTES` (per architecture, measured by compiling every kernel ahead of
 time; `fit.measure_shared_table` remeasures it), at most `register_cap` (where longer
 blocks spill registers), and caps the UT tile at `MAX_REFLECTION_TILE` rows with several
@@ -19,9 +19,11 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
-           "SEG_BWD_ROWS", "pipe_table"]
+           "SEG_BWD_ROWS", "pipe_table", "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS",
+           "UT_FOUR_WARPS", "ut_warps"]
 
-KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd")
+KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd",
+           "ut_bwd_inv")
 H100_SHARED = 232448  # bytes per block (opt-in maximum), sm_90
 A100_SHARED = 166912  # sm_80
 _E_ROWS = 32  # rows of a segment product read at a time past BD = 64 (`LaunchConfig.e_rows`)
@@ -33,12 +35,12 @@ MAX_REFLECTION_TILE = 64  # rows of a block's reflection tile the default block 
 SHARED_BYTES = {
     80: {
         16: {
-            64: (65536, 16648, 69632, 16384),
+            64: (65536, 16648, 77824, 16384),
             32: (16384, 8328, 22528, 6144),
             16: (4096, 4168, 7168, 2048),
         },
         32: {
-            64: (65536, 33032, 81920, 24576),
+            64: (65536, 33032, 90112, 24576),
             32: (16384, 16520, 28672, 12288),
             16: (12288, 12360, 10240, 5120),
         },
@@ -48,24 +50,24 @@ SHARED_BYTES = {
             16: (24576, 24648, 16384, 10896),
         },
         128: {
-            64: (147456, 196872, 155648, 81920),
+            64: (147456, 196872, 163840, 81920),
             32: (81920, 98440, 65536, 40960),
             16: (49152, 49224, 28672, 20480),
         },
         256: {
-            64: (294912, 393480, 253952, 163840),
+            64: (294912, 393480, 262144, 163840),
             32: (163840, 196744, 114688, 81920),
             16: (98304, 98376, 53248, 40960),
         },
     },
     90: {
         16: {
-            64: (73728, 32768, 94208, 43008),
+            64: (73728, 32768, 81920, 43008),
             32: (16384, 8328, 22528, 6144),
             16: (4096, 4168, 7168, 2048),
         },
         32: {
-            64: (81920, 49416, 122880, 69632),
+            64: (81920, 49416, 114688, 69632),
             32: (16384, 16520, 28672, 12288),
             16: (12288, 12360, 10240, 5120),
         },
@@ -106,7 +108,7 @@ SHARED_BYTES_REFLECTIONS = {
                 16: (24576, 32840, 21504, 14336),
             },
             128: {
-                32: (81920, 131208, 86016, 57344),
+                32: (98304, 131208, 86016, 57344),
                 16: (49152, 65608, 37888, 28672),
             },
             256: {
@@ -116,23 +118,23 @@ SHARED_BYTES_REFLECTIONS = {
         },
         90: {
             16: {
-                32: (65536, 12424, 71680, 8192),
+                32: (65536, 12424, 57344, 8192),
                 16: (16384, 6216, 9216, 3072),
             },
             32: {
-                32: (65536, 24712, 90112, 16384),
+                32: (65536, 24712, 65536, 16384),
                 16: (12288, 16456, 13312, 7168),
             },
             64: {
-                32: (65536, 65672, 139264, 28672),
+                32: (65536, 65672, 81920, 28672),
                 16: (24576, 32840, 21504, 14336),
             },
             128: {
-                32: (98304, 131208, 229376, 57344),
+                32: (81920, 131208, 122880, 57344),
                 16: (49152, 65608, 37888, 28672),
             },
             256: {
-                32: (196608, 262280, 417792, 114688),
+                32: (163840, 262280, 221184, 114688),
                 16: (98304, 131144, 70656, 57344),
             },
         },
@@ -143,13 +145,13 @@ SHARED_BYTES_REFLECTIONS = {
                 16: (65536, 10312, 32768, 5120),
             },
             32: {
-                16: (32768, 28744, 24576, 12288),
+                16: (32768, 28744, 32768, 12288),
             },
             64: {
-                16: (34816, 49224, 32768, 22528),
+                16: (36864, 49224, 32768, 22528),
             },
             128: {
-                16: (81920, 98376, 56320, 45056),
+                16: (98304, 98376, 56320, 45056),
             },
             256: {
                 16: (163840, 196680, 105472, 90112),
@@ -157,19 +159,19 @@ SHARED_BYTES_REFLECTIONS = {
         },
         90: {
             16: {
-                16: (65536, 10312, 67584, 5120),
+                16: (65536, 10312, 57344, 5120),
             },
             32: {
-                16: (65536, 28744, 79872, 12288),
+                16: (65536, 28744, 65536, 12288),
             },
             64: {
-                16: (65536, 49224, 122880, 22528),
+                16: (65536, 49224, 81920, 22528),
             },
             128: {
-                16: (98304, 98376, 200704, 45056),
+                16: (65536, 98376, 114688, 45056),
             },
             256: {
-                16: (196608, 196680, 364544, 90112),
+                16: (131072, 196680, 200704, 90112),
             },
         },
     },
@@ -198,10 +200,41 @@ PIPELINED = ("fwd", "bwd", "bwd_kv")
 # `benchmarks/gpu_check.py`'s "pipelining" section times the alternatives.
 PIPE_STAGES = {(80, 64): {"fwd": 3}}
 # architecture -> rows of a segment's products E per program of the segment backward
-# (`segments.segment_grads`), where not min(BD, BT): at 64 rows on sm_80 ptxas keeps 32
-# registers and spills 20 KB per thread (3,623 spill loads / stores per block at D = 64);
-# at 32 rows, 1.6 KB (302 per block, two programs per block)
+# (`segments.segment_grads`), where not min(BD, BT): at 64 rows on sm_80 it spills 5.6 KB
+# per thread (1,103 spill loads / stores per block at D = 64); at 32 rows, 1.6 KB (302 per
+# block, two programs per block)
 SEG_BWD_ROWS = {80: 32}
+# the UT transform's kernels: one program per block and head, no loop, and with TF32 /
+# 3xTF32 operands held in registers. 8 warps halve each thread's share of their tiles and
+# spill less than 4 (compiled ahead of time with Triton 3.6 and 3.9: sm_90, D 128, bf16,
+# ut_bwd 1,336 -> 304 B; float32, D 64, ut_bwd_q 1,972 -> 800 B), except where
+# UT_FOUR_WARPS lists a kernel: (architecture, padded head dim, 16-bit inputs, rows of the
+# UT tile BTR = BT * R rounded up to a power of two) -> kernels that keep 4 warps. sm_90,
+# D 64, bf16: ut_fwd spills 0 B at 4 warps, 392 B at 8; sm_80, D 64: ut_bwd 6,336 B at 4,
+# 8,896 B at 8; sm_80, D 256, float32, BTR 64: ut_bwd_q and ut_bwd need 196,608 B of
+# shared memory at 8 warps, more than an A100 has, 163,840 B at 4.
+UT_KERNELS = ("ut_fwd", "ut_bwd_q", "ut_bwd", "ut_bwd_inv")
+UT_FOUR_WARPS = {(90, 64, True, 64): ("ut_fwd",), (80, 64, True, 64): ("ut_bwd",),
+                 (80, 256, False, 64): ("ut_bwd_q", "ut_bwd")}
+# registers per thread ptxas may allocate (the PTX directive .maxnreg: Triton's launch
+# option maxnreg), stated at the launches of `MAXNREG_KERNELS`. Without it ptxas (12.8 of
+# Triton 3.6 as 13.4 of Triton 3.9) compiles some large kernels for sm_80 to 32 registers
+# and tens of KB of spills (`ut_bwd` at D 64: 44,846 B; with it 255 registers and
+# 6,336 B); 255 is what 4 or 8 warps may use anyway. The other kernels compile as well or
+# better without it (sm_90, D 64, no gates, Triton 3.9: `bwd` 644 B of spills without,
+# 912 B with; `seg` 128 registers without, 148 with; `seg_bwd` met the same fallback at
+# 64 rows of E on sm_80, which `SEG_BWD_ROWS` avoids).
+MAX_REGISTERS = 255
+MAXNREG_KERNELS = UT_KERNELS
+
+
+def ut_warps(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:
+    """(kernel, num_warps) pairs of the UT kernels on architecture `arch` for padded head dim
+    BD, inputs of `dtype`, block length BT and R reflections per token (`UT_KERNELS`,
+    `UT_FOUR_WARPS`)."""
+    BTR = BT * padded_reflections(R)
+    four = UT_FOUR_WARPS.get((arch, BD, dtype != torch.float32, BTR), ())
+    return tuple((k, 4 if k in four else 8) for k in UT_KERNELS)
 
 
 def pipe_table(arch: int, BD: int, dtype: torch.dtype) -> tuple:
@@ -221,7 +254,8 @@ class LaunchConfig:
     backward kernel and the rows of Pi it reads at a time (empty: whole blocks, and
     `m_rows`; see `kv_tiles`), pipe, (kernel name, depth) pairs of `PIPELINED` kernels'
     loops over earlier segments (`pipe_stages`), and seg_rows, the rows of E per program of
-    the segment backward (0: min(BD, BT); `seg_bwd_rows`)."""
+    the segment backward (0: min(BD, BT); `seg_bwd_rows`), and maxnreg, the registers per
+    thread the launches of `MAXNREG_KERNELS` allow (`max_registers`)."""
 
     BT: int
     shared_limit: int
@@ -232,6 +266,7 @@ class LaunchConfig:
     kv: tuple = ()
     pipe: tuple = ()
     seg_rows: int = 0
+    maxnreg: int = MAX_REGISTERS
 
     def kv_tiles(self) -> tuple[int, int]:
         """(BKT, BQ) of the backward's key-parallel kernel: keys per program and queries per
@@ -256,12 +291,18 @@ class LaunchConfig:
         (`pipe`, else its num_stages)."""
         return dict(self.pipe).get(kernel, self.launch(kernel)[1])
 
+    def max_registers(self, kernel: str) -> int | None:
+        """Triton's launch option maxnreg for `kernel` (None: not stated)."""
+        return self.maxnreg if kernel in MAXNREG_KERNELS and self.maxnreg else None
+
     def launch_kwargs(self, kernel: str) -> dict:
-        """num_warps / num_stages keyword arguments of a kernel launch, and PIPE for the
-        `PIPELINED` kernels."""
+        """num_warps / num_stages keyword arguments of a kernel launch, maxnreg where
+        `max_registers` states it, and PIPE for the `PIPELINED` kernels."""
         warps, stages = self.launch(kernel)
         pipe = {"PIPE": self.pipe_stages(kernel)} if kernel in PIPELINED else {}
-        return {"num_warps": warps, "num_stages": stages, **pipe}
+        regs = self.max_registers(kernel)
+        return {"num_warps": warps, "num_stages": stages, **pipe,
+                **({"maxnreg": regs} if regs else {})}
 
     def e_rows(self, BD: int) -> int:
         """Rows of a segment product (M, Pi) the backward's query kernel and the Pi kernel
@@ -381,7 +422,9 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
     fwd_stages = 2 if (block_size in table
                        and table[block_size][col + 1] <= shared_limit // 2) else 1
     arch = 90 if interpreter or capability[0] >= 9 else 80
-    return LaunchConfig(block_size, shared_limit, stages=(("fwd", fwd_stages),),
+    return LaunchConfig(block_size, shared_limit,
+                        warps=ut_warps(arch, BD, dtype, block_size, reflections),
+                        stages=(("fwd", fwd_stages),),
                         R=reflections, kv=kv_tiles(arch, BD, dtype, block_size),
                         pipe=pipe_table(arch, BD, dtype), seg_rows=SEG_BWD_ROWS.get(arch, 0))
 

@@ -27,6 +27,8 @@ This module is imported only by tools and tests; it must run with TRITON_INTERPR
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 import subprocess
 import tempfile
@@ -57,6 +59,7 @@ from .config import (
     kv_tiles,
     launch_config,
     pipe_table,
+    ut_warps,
 )
 
 __all__ = ["DEVICES", "Compiled", "KernelFit", "check", "compile_jit", "compile_kernel",
@@ -69,7 +72,7 @@ _KERNEL_FN = {"ut_fwd": ut._ut_fwd_kernel, "fwd": fwd._fwd_kernel,
               "seg": segments._seg_kernel, "seg_bwd": segments._seg_bwd_kernel,
               "bwd": bwd._bwd_kernel, "ut_bwd": ut._ut_bwd_kernel,
               "pi": crossings._pi_kernel, "bwd_kv": bwd_kv._bwd_kv_kernel,
-              "ut_bwd_q": ut._ut_bwd_q_kernel}
+              "ut_bwd_q": ut._ut_bwd_q_kernel, "ut_bwd_inv": ut._ut_bwd_inv_kernel}
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # pointers holding the caller's dtype, and those in the transitions' operand dtype
@@ -193,13 +196,22 @@ def _shared_after_allocation(mod, capability: int, options) -> int:
     return mod.get_int_attr("ttg.shared") or 0
 
 
+@functools.cache
+def ptxas_flags() -> tuple[str, ...]:
+    """The register-allocation flags the installed Triton passes to ptxas: Triton 3.7 and
+    later add --regAllocOptLevel=2 (with their ptxas 13), Triton 3.6 none (ptxas 12.8). The
+    registers and spills reported are then those of a launch with this Triton."""
+    src = inspect.getsource(CUDABackend.make_cubin)
+    return ("--regAllocOptLevel=2",) if "--regAllocOptLevel=2" in src else ()
+
+
 def _ptxas(ptx: str, arch: str, ptxas: str) -> tuple[int, int, bytes]:
     """Registers, spill bytes (stores + loads) from `ptxas -v`, and the cubin."""
     with tempfile.TemporaryDirectory() as tmp:
         src = f"{tmp}/k.ptx"
         with open(src, "w") as f:
             f.write(ptx)
-        out = subprocess.run([ptxas, "-v", "--regAllocOptLevel=2", f"--gpu-name={arch}", src,
+        out = subprocess.run([ptxas, "-v", *ptxas_flags(), f"--gpu-name={arch}", src,
                               "-o", f"{tmp}/k.o"], capture_output=True, text=True, check=True)
         with open(f"{tmp}/k.o", "rb") as f:
             cubin = f.read()
@@ -210,11 +222,12 @@ def _ptxas(ptx: str, arch: str, ptxas: str) -> tuple[int, int, bytes]:
 
 
 def compile_jit(fn, signature: dict, constexprs: dict, capability: int, num_warps: int = 4,
-                num_stages: int = 1, stage: str = "shared", attrs: dict | None = None
-                ) -> Compiled:
+                num_stages: int = 1, stage: str = "shared", attrs: dict | None = None,
+                maxnreg: int | None = None) -> Compiled:
     """Compile a `triton.jit` kernel with argument types `signature` (name -> "*fp32", "i32",
     "constexpr", ...) and compile-time values `constexprs` for sm_<capability>, to `stage`
-    "shared" (shared memory only) or "cubin" (also PTX, cubin, registers and spills)."""
+    "shared" (shared memory only) or "cubin" (also PTX, cubin, registers and spills);
+    maxnreg: Triton's launch option of that name (None: not set)."""
     if interpreting():
         raise RuntimeError("ahead-of-time compilation needs TRITON_INTERPRET unset")
     if stage not in ("shared", "cubin"):
@@ -222,7 +235,8 @@ def compile_jit(fn, signature: dict, constexprs: dict, capability: int, num_warp
     src = ASTSource(fn, signature, constexprs, attrs or {})
     target = GPUTarget("cuda", capability, 32)
     backend = CUDABackend(target)
-    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages})
+    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages,
+                                     **({"maxnreg": maxnreg} if maxnreg else {})})
     stage_fns: dict = {}
     backend.add_stages(stage_fns, options, src.language)
 
@@ -263,7 +277,7 @@ def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: La
     warps, stages = cfg.launch(kernel)
     sig, attrs = _signature(fn, dtype, gates)
     c = compile_jit(fn, sig, _constexprs(kernel, D, dtype, gates, cfg, G), capability, warps,
-                    stages, stage, attrs)
+                    stages, stage, attrs, cfg.max_registers(kernel))
     return KernelFit(kernel=kernel, D=D, dtype=dtype, gates=gates, BT=cfg.BT, G=G,
                      num_warps=warps, num_stages=stages, capability=capability,
                      shared=c.shared, limit=cfg.shared_limit, regs=c.regs, spills=c.spills,
@@ -306,7 +320,8 @@ def measure_shared_table(capability: int, reflections: int = 1, progress=None) -
             row = []
             for dtype in (torch.float32, torch.bfloat16):
                 arch = capability // 10 * 10
-                cfg = LaunchConfig(BT, 0, R=reflections, kv=kv_tiles(arch, BD, dtype, BT),
+                cfg = LaunchConfig(BT, 0, warps=ut_warps(arch, BD, dtype, BT, reflections),
+                                   R=reflections, kv=kv_tiles(arch, BD, dtype, BT),
                                    pipe=pipe_table(arch, BD, dtype),
                                    seg_rows=SEG_BWD_ROWS.get(arch, 0))
                 peak = max(compile_kernel(k, BD, dtype, True, cfg, capability, G=G).shared

@@ -21,10 +21,11 @@ reflection's token; Q~, K~ and S have one row per token whatever R.
 S from them, and `ut_bwd` reuses X (the transform runs once per training step). `ut_bwd`
 takes the gradients of Q~, S (per query head), K~ and of the transitions (as dU
 and a direct dW term) and returns dq, dk, dw, dbeta by the chain rule through the formulas
-above (dX = -X^T dX X^T for the inverse), in two kernels: the query side per query head
+above (dX = -X^T dX X^T for the inverse), in three kernels: the query side per query head
 (`_ut_bwd_q_kernel`, which adds its share of the key head's dK, dM, dU, dW with relaxed
-atomics, G-way at most) and the key side per key head (`_ut_bwd_kernel`); one kernel
-holding both spilled heavily.
+atomics, G-way at most), then per key head the terms through K~, U and M
+(`_ut_bwd_kernel`: dk, and dA and part of dW to memory) and those through the inverse
+(`_ut_bwd_inv_kernel`: dbeta, dw). Fewer kernels held more tiles at once and spilled.
 """
 
 from __future__ import annotations
@@ -91,13 +92,20 @@ def _block_rows(table_ptr, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr)
 
 
 @device_fn
-def _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D, cols, cmask):
-    """W [BTR, BD], K [BT, BD] and beta [BTR] of one block and key head, in float32, their
-    non-finite entries read as 0."""
+def _reflection_inputs(w_ptr, beta_ptr, wrows, wmask, h, H, D, cols, cmask):
+    """W [BTR, BD] and beta [BTR] of one block and key head, in float32, their non-finite
+    entries read as 0."""
     W = load_input(w_ptr, wrows, wmask, H * D, h * D, cols, cmask).to(tl.float32)
-    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
     b = finite_or_zero(tl.load(beta_ptr + row_offsets(wrows, H, h), mask=wmask,
                                other=0.0).to(tl.float32))
+    return W, b
+
+
+@device_fn
+def _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D, cols, cmask):
+    """W, beta (`_reflection_inputs`) and K [BT, BD] of one block and key head."""
+    W, b = _reflection_inputs(w_ptr, beta_ptr, wrows, wmask, h, H, D, cols, cmask)
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
     return W, K, b
 
 
@@ -114,18 +122,20 @@ def _ut_fwd_kernel(k_ptr, v_ptr, w_ptr, beta_ptr, u_ptr, kt_ptr, m_ptr, x_ptr, w
     cmask = cols < D
     cbt = tl.arange(0, BT)
     cbr = tl.arange(0, BTR)
-    W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
-                            cols, cmask)
+    W, b = _reflection_inputs(w_ptr, beta_ptr, wrows, wmask, h, H, D, cols, cmask)
     wsmask = wmask[:, None] & cmask[None, :]
     # w as the scans read it: finite, in the transitions' operand dtype
     tl.store(tile_ptrs(wt_ptr, wrows, H * D, h * D, cols), W, mask=wsmask)
-    E, N = _block_products(W, K, BT, R, BTR, PREC)
+    # the inverse first, K loaded after it (fewer tiles live through its products)
     strict = cbr[:, None] > cbr[None, :]
-    X = _unit_lower_inverse(tl.where(strict, b[:, None] * E, 0.0), BTR, LOG_BTR, PREC)
+    X = _unit_lower_inverse(tl.where(strict, b[:, None] * mm(W, tl.trans(W), PREC), 0.0),
+                            BTR, LOG_BTR, PREC)
     tl.store(tile_ptrs(x_ptr, wrows, H * BTR, h * BTR, cbr), X, mask=wmask[:, None])
     A = X * b[None, :]
     tl.store(tile_ptrs(u_ptr, wrows, H * D, h * D, cols), mm(A, W, PREC), mask=wsmask)  # U
-    M = mm(A, N, PREC)
+    K = load_input(k_ptr, rows, rmask, H * D, h * D, cols, cmask).to(tl.float32)
+    later = reflection_tokens(R, BTR)[:, None] > cbt[None, :]
+    M = mm(A, tl.where(later, mm(W, tl.trans(K), PREC), 0.0), PREC)
     tl.store(tile_ptrs(m_ptr, wrows, H * BT, h * BT, cbt), M, mask=wmask[:, None])
     Kt = K - mm(tl.trans(M), W, PREC)
     tl.store(tile_ptrs(kt_ptr, rows, H * D, h * D, cols), Kt, mask=rmask[:, None] & cmask[None, :])
@@ -212,7 +222,7 @@ def _ut_bwd_q_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkq
 
 @triton.jit
 def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, du_ptr,
-                   dwp_ptr, dk_ptr, dw_ptr, dbeta_ptr, table_ptr, H, D, BT: tl.constexpr,
+                   dwp_ptr, dk_ptr, da_ptr, table_ptr, H, D, BT: tl.constexpr,
                    BD: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
     h = tl.program_id(1)
     rows, rmask, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
@@ -223,52 +233,78 @@ def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, du_
     cbt = tl.arange(0, BT)
     cbr = tl.arange(0, BTR)
     later = reflection_tokens(R, BTR)[:, None] > cbt[None, :]  # [BTR, BT]
-    strict = cbr[:, None] > cbr[None, :]  # [BTR, BTR]
     W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
                             cols, cmask)
-    X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)  # the forward's
-    E, N, A, _, M = _block_transform(W, K, b, X, BT, R, BTR, PREC)
-    # gradients reaching U, M, K, W from K~, the transitions (scan side) and the query side
-    # (`_ut_bwd_q_kernel`: dK and dM in their own buffers, dU and dW added to du, dwp)
+    # A = X diag(beta), N = later(W K^T), M = A N (the forward's X)
+    A = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR) * b[None, :]
+    N = tl.where(later, mm(W, tl.trans(K), PREC), 0.0)
+    M = mm(A, N, PREC)
+    # gradients reaching M, W, K from K~ = K - M^T W and from the query side
+    # (`_ut_bwd_q_kernel`: dK and dM in their own buffers, its dW added to dwp)
     dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    dU = load_tile(du_ptr, wrows, wmask, H * D, h * D, cols, cmask)
-    dW = load_tile(dwp_ptr, wrows, wmask, H * D, h * D, cols, cmask)
-    dK = dKt + load_tile(dkq_ptr, rows, rmask, H * D, h * D, cols, cmask)
     dM = (load_tile(dmq_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)
-          - mm(W, tl.trans(dKt), PREC))  # K~ = K - M^T W
-    dW -= mm(M, dKt, PREC)
-    # U = A W, M = A N with N = later(W K^T)
-    dA = mm(dU, tl.trans(W), PREC) + mm(dM, tl.trans(N), PREC)
-    dW += mm(tl.trans(A), dU, PREC)
+          - mm(W, tl.trans(dKt), PREC))
+    dW = load_tile(dwp_ptr, wrows, wmask, H * D, h * D, cols, cmask) - mm(M, dKt, PREC)
+    dK = dKt + load_tile(dkq_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    # M = A N: dN = later(A^T dM) reaches W and K
     dN = tl.where(later, mm(tl.trans(A), dM, PREC), 0.0)
     dW += mm(dN, K, PREC)
     dK += mm(tl.trans(dN), W, PREC)
-    # A = X diag(beta)
-    db = tl.sum(dA * X, axis=0)
-    dX = dA * b[None, :]
-    # X = (I + L)^{-1}: dL = strictLower(-X^T dX X^T); L = strictLower(diag(beta) W W^T)
-    dL = tl.where(strict, -mm(mm(tl.trans(X), dX, PREC), tl.trans(X), PREC), 0.0)
-    db += tl.sum(dL * E, axis=1)
-    dE = b[:, None] * dL
-    dW += mm(dE + tl.trans(dE), W, PREC)
     tl.store(tile_ptrs(dk_ptr, rows, H * D, h * D, cols), dK,
              mask=rmask[:, None] & cmask[None, :])
+    # dA from M = A N and U = A W (dU from the scans and the query side)
+    dA = mm(dM, tl.trans(N), PREC)
+    dU = load_tile(du_ptr, wrows, wmask, H * D, h * D, cols, cmask)
+    dA += mm(dU, tl.trans(W), PREC)
+    dW += mm(tl.trans(A), dU, PREC)
+    wsmask = wmask[:, None] & cmask[None, :]
+    tl.store(tile_ptrs(dwp_ptr, wrows, H * D, h * D, cols), dW, mask=wsmask)
+    tl.store(tile_ptrs(da_ptr, wrows, H * BTR, h * BTR, cbr), dA, mask=wmask[:, None])
+
+
+@triton.jit
+def _ut_bwd_inv_kernel(w_ptr, beta_ptr, x_ptr, da_ptr, dwp_ptr, dw_ptr, dbeta_ptr,
+                       table_ptr, H, D, BT: tl.constexpr, BD: tl.constexpr,
+                       PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+    h = tl.program_id(1)
+    _, _, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
+    if not live:
+        return
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    cbr = tl.arange(0, BTR)
+    W, b = _reflection_inputs(w_ptr, beta_ptr, wrows, wmask, h, H, D, cols, cmask)
+    # A = X diag(beta)
+    X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)
+    dA = load_tile(da_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)
+    db = tl.sum(dA * X, axis=0)
+    # X = (I + L)^{-1}: dL = strictLower(-X^T dX X^T), dX = dA diag(beta);
+    # L = strictLower(diag(beta) W W^T)
+    dL = tl.where(cbr[:, None] > cbr[None, :],
+                  -mm(mm(tl.trans(X), dA * b[None, :], PREC), tl.trans(X), PREC), 0.0)
+    db += tl.sum(dL * mm(W, tl.trans(W), PREC), axis=1)
+    dE = b[:, None] * dL
+    dW = load_tile(dwp_ptr, wrows, wmask, H * D, h * D, cols, cmask)
+    dW += mm(dE + tl.trans(dE), W, PREC)
     tl.store(tile_ptrs(dw_ptr, wrows, H * D, h * D, cols), dW,
              mask=wmask[:, None] & cmask[None, :])
     tl.store(dbeta_ptr + row_offsets(wrows, H, h), db, mask=wmask)
 
 
 def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
-           prec: str, launch: dict | None = None, q_launch: dict | None = None):
+           prec: str, launch: dict | None = None, q_launch: dict | None = None,
+           inv_launch: dict | None = None):
     """Gradients of the UT inputs. q [N, HQ, D], k [N, H, D], w [N * R, H, D], beta
     [N * R, H] (inputs, R reflections per token), x the forward's inverses (`ut_fwd`);
     dqt [N, HQ, D] and dsd [N, HQ, BT] the gradients of Q~ and S per query head; dkt
     [N, H, D] that of K~, du and dwp [N * R, H, D] those of U and the direct W term of the
     transitions (float32; du and dwp receive the query side's terms in place).
 
-    Two kernels: the query side per query head (dq, and its share of the key head's
-    gradients), then the key side per key head. Returns dq, dk, dw, dbeta in the dtypes of
-    q, k, w, beta. launch / q_launch: num_warps / num_stages of the two.
+    Three kernels: the query side per query head (dq, and its share of the key head's
+    gradients), then the key side per key head, through K~, U, M and then through the
+    inverse. Returns dq, dk, dw, dbeta in the dtypes of q, k, w, beta. launch / q_launch /
+    inv_launch: the launch options of the key side's first kernel, of the query side's and
+    of the inverse's.
     """
     N, HQ, D = q.shape
     H = k.shape[1]
@@ -283,7 +319,11 @@ def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: in
     launch_kernel(_ut_bwd_q_kernel, (table.shape[0], HQ))(
         q, k, w, beta, x, dqt, dsd, dkq, dmq, du, dwp, dq, table, scale, HQ, H, D,
         G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR, **(q_launch or {}))
+    da = torch.empty(N * R, H, BTR, dtype=torch.float32, device=q.device)
     launch_kernel(_ut_bwd_kernel, (table.shape[0], H))(
-        k, w, beta, x, dkq, dmq, dkt, du, dwp, dk, dw, dbeta, table, H, D, BT=BT, BD=BD,
-        PREC=prec, R=R, BTR=BTR, **(launch or {}))
+        k, w, beta, x, dkq, dmq, dkt, du, dwp, dk, da, table, H, D, BT=BT, BD=BD, PREC=prec,
+        R=R, BTR=BTR, **(launch or {}))
+    launch_kernel(_ut_bwd_inv_kernel, (table.shape[0], H))(
+        w, beta, x, da, dwp, dw, dbeta, table, H, D, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR,
+        **(inv_launch or {}))
     return dq, dk, dw, dbeta

@@ -65,3 +65,28 @@ def test_rows_must_divide_the_head_dim():
     with pytest.raises(ValueError, match="rows must divide the padded head dim 32, got 24"):
         segment_grads(*([None] * 8), 1, 16, 32, "ieee", None, None, False, None, None, None,
                       rows=24)
+
+
+def test_ut_kernels_warps():
+    """The UT kernels run 8 warps, 4 where `UT_FOUR_WARPS` lists them; the scan kernels 4;
+    the launches of `MAXNREG_KERNELS` state maxnreg, the others not."""
+    h100 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0))
+    a100 = config.launch_config(64, 64, torch.bfloat16, config.A100_SHARED, capability=(8, 0))
+    h100_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
+                                    capability=(9, 0))
+    h100_f32 = config.launch_config(64, 64, torch.float32, config.H100_SHARED, capability=(9, 0))
+    assert (h100.BT, a100.BT) == (64, 64)
+    assert config.UT_FOUR_WARPS[90, 64, True, 64] == ("ut_fwd",)
+    r2 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0),
+                              reflections=2)  # 32-token blocks: a 64-row UT tile
+    assert r2.BT == 32 and r2.launch("ut_fwd")[0] == 4 and r2.launch("ut_bwd")[0] == 8
+    for cfg, four in ((h100, {"ut_fwd"}), (a100, {"ut_bwd"}), (h100_128, set()),
+                      (h100_f32, set())):
+        for k in config.KERNELS:
+            warps = 4 if k not in config.UT_KERNELS or k in four else 8
+            assert cfg.launch(k)[0] == warps, (cfg, k)
+            assert cfg.launch_kwargs(k)["num_warps"] == warps
+            regs = config.MAX_REGISTERS if k in config.MAXNREG_KERNELS else None
+            assert cfg.launch_kwargs(k).get("maxnreg") == regs, (cfg, k)
+    assert config.MAX_REGISTERS == 255 and "bwd" not in config.MAXNREG_KERNELS
+    assert set(config.UT_KERNELS) < set(config.KERNELS)
