@@ -84,10 +84,18 @@ def _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr, dk_
                 EMULATE: tl.constexpr):
     """The attention part of a block pair of the query's own segment: query state x against
     the full key block at token tc with logits S. Adds dV += P^T dO to dv_ptr and dS^T x
-    to dk_ptr, the keys' column sums of dS to dgate_ptr (gates); returns dS and drow plus
-    its row sums. Every atomic is relaxed: the sums need no ordering, only atomicity."""
+    to dk_ptr, the keys' column sums of dS to dgate_ptr (gates); returns dS (in DT, the
+    dtype of its products) and drow plus its row sums. Every atomic is relaxed: the sums
+    need no ordering, only atomicity."""
     P, dS = _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT, DT,
                      PREC, EMULATE)
+    if HAS_G:
+        drow += tl.sum(dS, axis=1)
+        if BT < 64:
+            cs = tl.sum(dS, axis=0)
+    # P and dS only as product operands from here: rounded once, their float32 tiles dead
+    P = P.to(DT)
+    dS = dS.to(DT)
     lk = tl.arange(0, BT)
     tl.atomic_add(block_ptrs(dv_ptr, tc, lk, H * DV, h * DV, vcols),
                   mm_lp(tl.trans(P), dO, DT, PREC, EMULATE), mask=vmask[None, :],
@@ -100,10 +108,7 @@ def _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr, dk_
             e0 = tl.where(tl.arange(0, 16) == 0, 1.0, 0.0)
             cs = tl.sum(mm_lp(dSt, tl.broadcast_to(e0[None, :], (BT, 16)), DT, PREC, EMULATE),
                         axis=1)
-        else:
-            cs = tl.sum(dS, axis=0)
         tl.atomic_add(dgate_ptr + row_offsets(tc + lk, HQ, hq), -cs, sem="relaxed")
-        drow += tl.sum(dS, axis=1)
     return dS, drow
 
 
