@@ -74,7 +74,7 @@ def test_compile_only_pass_covers_the_real_launches(case):
                                                           "_fwd_kernel"}
     names = {e[1] for e in _assert_same_launches(bwd)}
     assert {"_bwd_kernel", "_bwd_kv_kernel", "_ut_bwd_kernel", "_ut_bwd_q_kernel",
-            "_ut_bwd_inv_kernel"} <= names
+            "_ut_bwd_inv_kernel", "_ut_bwd_dk_kernel"} <= names
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -307,7 +307,7 @@ def test_compile_ahead_through_the_real_jit(tmp_path):
     out = run_child(_REAL_JIT_CHILD, tmp_path)
     expect = {"path": {"_ut_fwd_kernel", "_seg_kernel", "_fwd_kernel", "_pi_kernel",
                        "_bwd_kernel", "_bwd_kv_kernel", "_seg_bwd_kernel", "_ut_bwd_q_kernel",
-                       "_ut_bwd_kernel", "_ut_bwd_inv_kernel"},
+                       "_ut_bwd_kernel", "_ut_bwd_inv_kernel", "_ut_bwd_dk_kernel"},
               "fox": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_tile_cumsum_kernel",
                       "_tile_offset_kernel"},
               "sba": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel"}}

@@ -1,6 +1,6 @@
 """Launch configuration of the Triton kernels: block length, num_warps and num_stages.
 
-`launch_config` picks the largest block length whose ten kernels fit the device's shared
+`launch_config` picks the largest block length whose eleven kernels fit the device's shared
 memory, from `SHARED_BYTES` (per architecture, measured by compiling every kernel ahead of
 time; `fit.measure_shared_table` remeasures it), at most `register_cap` (where longer
 blocks spill registers), and caps the UT tile at `MAX_REFLECTION_TILE` rows with several
@@ -22,8 +22,8 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "SEG_BWD_ROWS", "pipe_table", "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS",
            "UT_FOUR_WARPS", "ut_warps"]
 
-KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd",
-           "ut_bwd_inv")
+KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd_dk",
+           "ut_bwd", "ut_bwd_inv")
 H100_SHARED = 232448  # bytes per block (opt-in maximum), sm_90
 A100_SHARED = 166912  # sm_80
 _E_ROWS = 32  # rows of a segment product read at a time past BD = 64 (`LaunchConfig.e_rows`)
@@ -207,20 +207,21 @@ SEG_BWD_ROWS = {80: 32}
 # the UT transform's kernels: one program per block and head, no loop, and with TF32 /
 # 3xTF32 operands held in registers. 8 warps halve each thread's share of their tiles and
 # spill less than 4 (compiled ahead of time with Triton 3.6 and 3.9: sm_90, D 128, bf16,
-# ut_bwd 1,336 -> 304 B; float32, D 64, ut_bwd_q 1,972 -> 800 B), except where
+# ut_bwd 600 -> 120 B; float32, D 64, ut_bwd_q 1,972 -> 800 B), except where
 # UT_FOUR_WARPS lists a kernel: (architecture, padded head dim, 16-bit inputs, rows of the
 # UT tile BTR = BT * R rounded up to a power of two) -> kernels that keep 4 warps. sm_90,
-# D 64, bf16: ut_fwd spills 0 B at 4 warps, 392 B at 8; sm_80, D 64: ut_bwd 6,336 B at 4,
-# 8,896 B at 8; sm_80, D 256, float32, BTR 64: ut_bwd_q and ut_bwd need 196,608 B of
-# shared memory at 8 warps, more than an A100 has, 163,840 B at 4.
-UT_KERNELS = ("ut_fwd", "ut_bwd_q", "ut_bwd", "ut_bwd_inv")
-UT_FOUR_WARPS = {(90, 64, True, 64): ("ut_fwd",), (80, 64, True, 64): ("ut_bwd",),
+# D 64, bf16: ut_fwd spills 0 B at 4 warps, 392 B at 8, ut_bwd 0 B and 88 B; sm_80, D 256,
+# float32, BTR 64: ut_bwd_q and ut_bwd need more shared memory at 8 warps than an A100 has.
+UT_KERNELS = ("ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv")
+UT_FOUR_WARPS = {(90, 64, True, 64): ("ut_fwd", "ut_bwd"),
                  (80, 256, False, 64): ("ut_bwd_q", "ut_bwd")}
 # registers per thread ptxas may allocate (the PTX directive .maxnreg: Triton's launch
 # option maxnreg), stated at the launches of `MAXNREG_KERNELS`. Without it ptxas (12.8 of
-# Triton 3.6 as 13.4 of Triton 3.9) compiles some large kernels for sm_80 to 32 registers
-# and tens of KB of spills (`ut_bwd` at D 64: 44,846 B; with it 255 registers and
-# 6,336 B); 255 is what 4 or 8 warps may use anyway. The other kernels compile as well or
+# Triton 3.6 as 13.4 of Triton 3.9) compiles some UT kernels to 32 registers and tens of KB
+# of spills (bf16: `ut_bwd` for sm_90 at D 256, 21,026 B, with it 255 registers and
+# 3,580 B; float32, sm_80, D 128: `ut_bwd_q` 37,132 B, with it 3,884 B); 255 is what 4 or
+# 8 warps may use anyway (it costs `ut_bwd_q` at D 128 on sm_90 280 B, 0 B without). The
+# other kernels compile as well or
 # better without it (sm_90, D 64, no gates, Triton 3.9: `bwd` 644 B of spills without,
 # 912 B with; `seg` 128 registers without, 148 with; `seg_bwd` met the same fallback at
 # 64 rows of E on sm_80, which `SEG_BWD_ROWS` avoids).

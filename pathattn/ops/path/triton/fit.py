@@ -72,7 +72,8 @@ _KERNEL_FN = {"ut_fwd": ut._ut_fwd_kernel, "fwd": fwd._fwd_kernel,
               "seg": segments._seg_kernel, "seg_bwd": segments._seg_bwd_kernel,
               "bwd": bwd._bwd_kernel, "ut_bwd": ut._ut_bwd_kernel,
               "pi": crossings._pi_kernel, "bwd_kv": bwd_kv._bwd_kv_kernel,
-              "ut_bwd_q": ut._ut_bwd_q_kernel, "ut_bwd_inv": ut._ut_bwd_inv_kernel}
+              "ut_bwd_q": ut._ut_bwd_q_kernel, "ut_bwd_dk": ut._ut_bwd_dk_kernel,
+              "ut_bwd_inv": ut._ut_bwd_inv_kernel}
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # pointers holding the caller's dtype, and those in the transitions' operand dtype

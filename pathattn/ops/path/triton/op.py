@@ -245,7 +245,8 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
                                               cfg.kv_tiles(), cfg.seg_bwd_rows(BD))
     dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, xinv, dqt, dsd, dkt, du, dwp, table, scale,
                                block_size, BD, prec, cfg.launch_kwargs("ut_bwd"),
-                               cfg.launch_kwargs("ut_bwd_q"), cfg.launch_kwargs("ut_bwd_inv"))
+                               cfg.launch_kwargs("ut_bwd_q"), cfg.launch_kwargs("ut_bwd_inv"),
+                               cfg.launch_kwargs("ut_bwd_dk"))
     dg = (q.new_empty(0) if g is None
           else _gate_grad(dG, B, T, cu_seqlens).to(g.dtype).view(g.shape))
     dw, dbeta = _unflat_reflections(dw, dbeta, w, beta)

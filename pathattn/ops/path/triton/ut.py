@@ -21,10 +21,10 @@ reflection's token; Q~, K~ and S have one row per token whatever R.
 S from them, and `ut_bwd` reuses X (the transform runs once per training step). `ut_bwd`
 takes the gradients of Q~, S (per query head), K~ and of the transitions (as dU
 and a direct dW term) and returns dq, dk, dw, dbeta by the chain rule through the formulas
-above (dX = -X^T dX X^T for the inverse), in three kernels: the query side per query head
+above (dX = -X^T dX X^T for the inverse), in four kernels: the query side per query head
 (`_ut_bwd_q_kernel`, which adds its share of the key head's dK, dM, dU, dW with relaxed
-atomics, G-way at most), then per key head the terms through K~, U and M
-(`_ut_bwd_kernel`: dk, and dA and part of dW to memory) and those through the inverse
+atomics, G-way at most), then per key head dk (`_ut_bwd_dk_kernel`), dw's terms through
+K~, U and M (`_ut_bwd_kernel`, dA and part of dW to memory) and those through the inverse
 (`_ut_bwd_inv_kernel`: dbeta, dw). Fewer kernels held more tiles at once and spilled.
 """
 
@@ -221,9 +221,36 @@ def _ut_bwd_q_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkq
 
 
 @triton.jit
-def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, du_ptr,
-                   dwp_ptr, dk_ptr, da_ptr, table_ptr, H, D, BT: tl.constexpr,
-                   BD: tl.constexpr, PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+def _ut_bwd_dk_kernel(w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, dk_ptr, table_ptr, H,
+                      D, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+                      R: tl.constexpr, BTR: tl.constexpr):
+    h = tl.program_id(1)
+    rows, rmask, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
+    if not live:
+        return
+    cols = tl.arange(0, BD)
+    cmask = cols < D
+    cbt = tl.arange(0, BT)
+    cbr = tl.arange(0, BTR)
+    W, b = _reflection_inputs(w_ptr, beta_ptr, wrows, wmask, h, H, D, cols, cmask)
+    A = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR) * b[None, :]
+    # K~ = K - M^T W and M = A later(W K^T): dK = dK~ + later(A^T dM)^T W, with dM from
+    # K~ and from the query side (`_ut_bwd_q_kernel`, as its dK)
+    dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dM = (load_tile(dmq_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)
+          - mm(W, tl.trans(dKt), PREC))
+    dN = tl.where(reflection_tokens(R, BTR)[:, None] > cbt[None, :],
+                  mm(tl.trans(A), dM, PREC), 0.0)
+    dK = dKt + load_tile(dkq_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dK += mm(tl.trans(dN), W, PREC)
+    tl.store(tile_ptrs(dk_ptr, rows, H * D, h * D, cols), dK,
+             mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dmq_ptr, dkt_ptr, du_ptr, dwp_ptr, da_ptr,
+                   table_ptr, H, D, BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
+                   R: tl.constexpr, BTR: tl.constexpr):
     h = tl.program_id(1)
     rows, rmask, wrows, wmask, live = _block_rows(table_ptr, BT, R, BTR)
     if not live:
@@ -239,19 +266,15 @@ def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, du_
     A = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR) * b[None, :]
     N = tl.where(later, mm(W, tl.trans(K), PREC), 0.0)
     M = mm(A, N, PREC)
-    # gradients reaching M, W, K from K~ = K - M^T W and from the query side
-    # (`_ut_bwd_q_kernel`: dK and dM in their own buffers, its dW added to dwp)
+    # gradients reaching M and W from K~ = K - M^T W and from the query side
+    # (`_ut_bwd_q_kernel`: dM in its own buffer, its dW added to dwp)
     dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
     dM = (load_tile(dmq_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)
           - mm(W, tl.trans(dKt), PREC))
     dW = load_tile(dwp_ptr, wrows, wmask, H * D, h * D, cols, cmask) - mm(M, dKt, PREC)
-    dK = dKt + load_tile(dkq_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    # M = A N: dN = later(A^T dM) reaches W and K
+    # M = A N: dN = later(A^T dM) reaches W (and K: `_ut_bwd_dk_kernel`)
     dN = tl.where(later, mm(tl.trans(A), dM, PREC), 0.0)
     dW += mm(dN, K, PREC)
-    dK += mm(tl.trans(dN), W, PREC)
-    tl.store(tile_ptrs(dk_ptr, rows, H * D, h * D, cols), dK,
-             mask=rmask[:, None] & cmask[None, :])
     # dA from M = A N and U = A W (dU from the scans and the query side)
     dA = mm(dM, tl.trans(N), PREC)
     dU = load_tile(du_ptr, wrows, wmask, H * D, h * D, cols, cmask)
@@ -293,18 +316,18 @@ def _ut_bwd_inv_kernel(w_ptr, beta_ptr, x_ptr, da_ptr, dwp_ptr, dw_ptr, dbeta_pt
 
 def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: int, BD: int,
            prec: str, launch: dict | None = None, q_launch: dict | None = None,
-           inv_launch: dict | None = None):
+           inv_launch: dict | None = None, dk_launch: dict | None = None):
     """Gradients of the UT inputs. q [N, HQ, D], k [N, H, D], w [N * R, H, D], beta
     [N * R, H] (inputs, R reflections per token), x the forward's inverses (`ut_fwd`);
     dqt [N, HQ, D] and dsd [N, HQ, BT] the gradients of Q~ and S per query head; dkt
     [N, H, D] that of K~, du and dwp [N * R, H, D] those of U and the direct W term of the
     transitions (float32; du and dwp receive the query side's terms in place).
 
-    Three kernels: the query side per query head (dq, and its share of the key head's
-    gradients), then the key side per key head, through K~, U, M and then through the
-    inverse. Returns dq, dk, dw, dbeta in the dtypes of q, k, w, beta. launch / q_launch /
-    inv_launch: the launch options of the key side's first kernel, of the query side's and
-    of the inverse's.
+    Four kernels: the query side per query head (dq, and its share of the key head's
+    gradients), then the key side per key head: dk, then dw's terms through K~, U, M
+    (and dA), then those through the inverse. Returns dq, dk, dw, dbeta in the dtypes of
+    q, k, w, beta. launch / q_launch / inv_launch / dk_launch: the launch options of the
+    key side's dw kernel, of the query side's, of the inverse's and of dk's.
     """
     N, HQ, D = q.shape
     H = k.shape[1]
@@ -319,10 +342,13 @@ def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: in
     launch_kernel(_ut_bwd_q_kernel, (table.shape[0], HQ))(
         q, k, w, beta, x, dqt, dsd, dkq, dmq, du, dwp, dq, table, scale, HQ, H, D,
         G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR, **(q_launch or {}))
+    launch_kernel(_ut_bwd_dk_kernel, (table.shape[0], H))(
+        w, beta, x, dkq, dmq, dkt, dk, table, H, D, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR,
+        **(dk_launch or {}))
     da = torch.empty(N * R, H, BTR, dtype=torch.float32, device=q.device)
     launch_kernel(_ut_bwd_kernel, (table.shape[0], H))(
-        k, w, beta, x, dkq, dmq, dkt, du, dwp, dk, da, table, H, D, BT=BT, BD=BD, PREC=prec,
-        R=R, BTR=BTR, **(launch or {}))
+        k, w, beta, x, dmq, dkt, du, dwp, da, table, H, D, BT=BT, BD=BD, PREC=prec, R=R,
+        BTR=BTR, **(launch or {}))
     launch_kernel(_ut_bwd_inv_kernel, (table.shape[0], H))(
         w, beta, x, da, dwp, dw, dbeta, table, H, D, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR,
         **(inv_launch or {}))

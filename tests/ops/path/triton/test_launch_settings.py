@@ -76,11 +76,11 @@ def test_ut_kernels_warps():
                                     capability=(9, 0))
     h100_f32 = config.launch_config(64, 64, torch.float32, config.H100_SHARED, capability=(9, 0))
     assert (h100.BT, a100.BT) == (64, 64)
-    assert config.UT_FOUR_WARPS[90, 64, True, 64] == ("ut_fwd",)
+    assert config.UT_FOUR_WARPS[90, 64, True, 64] == ("ut_fwd", "ut_bwd")
     r2 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0),
                               reflections=2)  # 32-token blocks: a 64-row UT tile
-    assert r2.BT == 32 and r2.launch("ut_fwd")[0] == 4 and r2.launch("ut_bwd")[0] == 8
-    for cfg, four in ((h100, {"ut_fwd"}), (a100, {"ut_bwd"}), (h100_128, set()),
+    assert r2.BT == 32 and r2.launch("ut_fwd")[0] == 4 and r2.launch("ut_bwd_q")[0] == 8
+    for cfg, four in ((h100, {"ut_fwd", "ut_bwd"}), (a100, set()), (h100_128, set()),
                       (h100_f32, set())):
         for k in config.KERNELS:
             warps = 4 if k not in config.UT_KERNELS or k in four else 8
