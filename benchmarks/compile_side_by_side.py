@@ -29,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FORWARD = ("ut_fwd", "seg", "fwd")
-BACKWARD = ("seg", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd")
+BACKWARD = ("seg", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd",
+            "ut_bwd_inv")
 
 
 def _child(dtype_name: str, D: int, gates: bool, threads: int) -> None:
@@ -59,9 +60,11 @@ def _child(dtype_name: str, D: int, gates: bool, threads: int) -> None:
         if kernel == "seg" and in_forward:  # the forward's segment keys store no E
             constexprs["STORE_E"] = False
         warps, stages = cfg.launch(kernel)
+        regs = cfg.max_registers(kernel)
         triton.compile(ASTSource(fn, sig, constexprs, attrs),
                        target=GPUTarget("cuda", capability, 32),
-                       options={"num_warps": warps, "num_stages": stages})
+                       options={"num_warps": warps, "num_stages": stages,
+                                **({"maxnreg": regs} if regs else {})})
         return time.perf_counter() - t0
 
     fwd = [(k, True) for k in FORWARD]
