@@ -240,6 +240,22 @@ def _git(*cmd: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _ptxas() -> str:
+    """The ptxas Triton compiles this device's kernels with (version, and the
+    register-allocation flags it passes), to match compile-time figures
+    (`benchmarks/triton_fit.py`) with this run's; "n/a: <why>" where none can be read."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        from pathattn.ops.path.triton.fit import ptxas_flags
+
+        major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 9
+        version = get_ptxas(major * 10).version
+        return f"{version} {' '.join(ptxas_flags())}".strip()
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        return f"n/a: {_short(e)}"
+
+
 def environment(ctx: Context, sec: dict) -> None:
     info = dict(system_info())
     info |= {"device": str(ctx.device), "cuda": torch.version.cuda,
@@ -250,6 +266,7 @@ def environment(ctx: Context, sec: dict) -> None:
         info |= {"gpu": props.name, "capability": f"{props.major}.{props.minor}",
                  "sms": props.multi_processor_count,
                  "memory_gib": round(props.total_memory / 2**30, 1)}
+    info["ptxas"] = _ptxas()
     fla, why = fla_kernel()
     info["fla"] = (_version("fla-core") or "installed") if fla is not None else f"n/a: {why}"
     rev = _git("rev-parse", "HEAD")

@@ -5,7 +5,7 @@ Sections, cheapest and most important first. Each one is guarded (an error is re
 the run goes on), and after the global deadline (--budget seconds from the start) the ones
 left are recorded as skipped:
 
-  environment   GPU, torch / triton / fla versions, pathattn's git revision
+  environment   GPU, torch / triton / ptxas / fla versions, pathattn's git revision
   first_call    seconds of the first forward + backward of path_attn(backend="triton") per
                 dtype at a small shape (compilation), each dtype in its own subprocess with
                 a timeout, the three side by side, the CPUs shared among them (each

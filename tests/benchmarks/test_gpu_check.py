@@ -62,6 +62,7 @@ def test_environment(smoke):
     info = smoke[0]["sections"]["environment"]["info"]
     assert info["device"] == "cpu" and info["torch"] and info["TRITON_INTERPRET"] == "1"
     assert info["fla"]  # a version, or "n/a: <why>"
+    assert info["ptxas"][0].isdigit(), info["ptxas"]  # the installed Triton's ptxas version
 
 
 def test_first_call_per_dtype(smoke):
