@@ -5,10 +5,15 @@
     loads / stores inside its loops;
 (c) at least `MIN_BLOCKS_PER_SM` thread blocks per SM for the scan kernels at D = 64;
 (d) matrix-unit instructions per block pair of the scan kernels at D = 64, BT = 64 within
-    `mma_cap` (see `pathattn.ops.path.triton.inspect_kernels` for what is counted).
+    `mma_cap` (see `pathattn.ops.path.triton.inspect_kernels` for what is counted);
+(e) no kernel that spills with fewer than `MIN_REGS_WHEN_SPILLING` registers per thread
+    (ptxas's fallback without .maxnreg);
+(f) `fit` runs ptxas with the register-allocation flags of the installed Triton.
 
 Configurations (`CASES`): bfloat16; D 64 and 128; gates on and off; R 1 and 2; every
-kernel once, the scan kernels on both devices. Compilation needs TRITON_INTERPRET unset,
+kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices. The figures are
+those of the installed Triton; benchmarks/README.md shows how to run this file with
+another version (the GPU runs used Triton 3.6). Compilation needs TRITON_INTERPRET unset,
 which the test session sets, so the kernels compile in child processes (two at a time),
 once per module: about 45 s on two idle cores. Checks the kernels before the redesign
 fail are strict xfails (`REDESIGN_PENDING`): when a kernel passes, the test fails until
