@@ -20,7 +20,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
            "SEG_BWD_ROWS", "pipe_table", "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS",
-           "UT_FOUR_WARPS", "ut_warps"]
+           "UT_FOUR_WARPS", "ut_warps", "device_settings"]
 
 KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd_dk",
            "ut_bwd", "ut_bwd_inv")
@@ -423,11 +423,18 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
     fwd_stages = 2 if (block_size in table
                        and table[block_size][col + 1] <= shared_limit // 2) else 1
     arch = 90 if interpreter or capability[0] >= 9 else 80
-    return LaunchConfig(block_size, shared_limit,
-                        warps=ut_warps(arch, BD, dtype, block_size, reflections),
-                        stages=(("fwd", fwd_stages),),
-                        R=reflections, kv=kv_tiles(arch, BD, dtype, block_size),
-                        pipe=pipe_table(arch, BD, dtype), seg_rows=SEG_BWD_ROWS.get(arch, 0))
+    return LaunchConfig(block_size, shared_limit, stages=(("fwd", fwd_stages),),
+                        **device_settings(arch, BD, dtype, block_size, reflections))
+
+
+def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> dict:
+    """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
+    padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
+    warps (`ut_warps`), R, kv (`kv_tiles`), pipe (`pipe_table`), seg_rows
+    (`SEG_BWD_ROWS`)."""
+    return {"warps": ut_warps(arch, BD, dtype, BT, R), "R": R,
+            "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
+            "seg_rows": SEG_BWD_ROWS.get(arch, 0)}
 
 
 def kv_tiles(arch: int, BD: int, dtype: torch.dtype, BT: int) -> tuple:

@@ -53,13 +53,10 @@ from .config import (
     H100_SHARED,
     KERNELS,
     PIPELINED,
-    SEG_BWD_ROWS,
     LaunchConfig,
     block_lengths,
-    kv_tiles,
+    device_settings,
     launch_config,
-    pipe_table,
-    ut_warps,
 )
 
 __all__ = ["DEVICES", "Compiled", "KernelFit", "check", "compile_jit", "compile_kernel",
@@ -320,11 +317,8 @@ def measure_shared_table(capability: int, reflections: int = 1, progress=None) -
         for BT in block_lengths(reflections):
             row = []
             for dtype in (torch.float32, torch.bfloat16):
-                arch = capability // 10 * 10
-                cfg = LaunchConfig(BT, 0, warps=ut_warps(arch, BD, dtype, BT, reflections),
-                                   R=reflections, kv=kv_tiles(arch, BD, dtype, BT),
-                                   pipe=pipe_table(arch, BD, dtype),
-                                   seg_rows=SEG_BWD_ROWS.get(arch, 0))
+                cfg = LaunchConfig(BT, 0, **device_settings(capability // 10 * 10, BD, dtype,
+                                                            BT, reflections))
                 peak = max(compile_kernel(k, BD, dtype, True, cfg, capability, G=G).shared
                            for k in KERNELS for G in launched_kernels(k))
                 fwd2 = compile_kernel("fwd", BD, dtype, True, cfg, capability,

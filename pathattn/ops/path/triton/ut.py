@@ -171,6 +171,25 @@ def ut_fwd(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, beta: torch.Tensor
 
 
 @device_fn
+def _inverse(x_ptr, wrows, wmask, h, H, BTR: tl.constexpr):
+    """The forward's inverse X [BTR, BTR] of one block and key head (`ut_fwd`)."""
+    cbr = tl.arange(0, BTR)
+    return load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)
+
+
+@device_fn
+def _kt_m_grads(W, dmq_ptr, dkt_ptr, rows, rmask, wrows, wmask, h, H, D, cols, cmask,
+                BT: tl.constexpr, PREC: tl.constexpr):
+    """dK~ [BT, BD] of one block and key head, and dM [BTR, BT]: the query side's
+    (`_ut_bwd_q_kernel`) plus K~ = K - M^T W's term -W dK~^T."""
+    cbt = tl.arange(0, BT)
+    dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
+    dM = (load_tile(dmq_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)
+          - mm(W, tl.trans(dKt), PREC))
+    return dKt, dM
+
+
+@device_fn
 def _block_transform(W, K, b, X, BT: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
                      PREC: tl.constexpr):
     """E, N (`_block_products`), A = X diag(beta), U = A W and M = A N of one block from
@@ -193,12 +212,11 @@ def _ut_bwd_q_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkq
     cols = tl.arange(0, BD)
     cmask = cols < D
     cbt = tl.arange(0, BT)
-    cbr = tl.arange(0, BTR)
     incl = cbt[:, None] >= reflection_tokens(R, BTR)[None, :]  # [BT, BTR]
     W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
                             cols, cmask)
-    X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)  # the forward's
-    _, _, _, U, M = _block_transform(W, K, b, X, BT, R, BTR, PREC)
+    _, _, _, U, M = _block_transform(W, K, b, _inverse(x_ptr, wrows, wmask, h, H, BTR), BT,
+                                     R, BTR, PREC)
     Q = load_input(q_ptr, rows, rmask, HQ * D, hq * D, cols, cmask).to(tl.float32) * scale
     dQt = load_tile(dqt_ptr, rows, rmask, HQ * D, hq * D, cols, cmask)
     dS = load_tile(dsd_ptr, rows, rmask, HQ * BT, hq * BT, cbt, cbt < BT)
@@ -231,14 +249,12 @@ def _ut_bwd_dk_kernel(w_ptr, beta_ptr, x_ptr, dkq_ptr, dmq_ptr, dkt_ptr, dk_ptr,
     cols = tl.arange(0, BD)
     cmask = cols < D
     cbt = tl.arange(0, BT)
-    cbr = tl.arange(0, BTR)
     W, b = _reflection_inputs(w_ptr, beta_ptr, wrows, wmask, h, H, D, cols, cmask)
-    A = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR) * b[None, :]
-    # K~ = K - M^T W and M = A later(W K^T): dK = dK~ + later(A^T dM)^T W, with dM from
-    # K~ and from the query side (`_ut_bwd_q_kernel`, as its dK)
-    dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    dM = (load_tile(dmq_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)
-          - mm(W, tl.trans(dKt), PREC))
+    A = _inverse(x_ptr, wrows, wmask, h, H, BTR) * b[None, :]
+    # K~ = K - M^T W and M = A later(W K^T): dK = dK~ + later(A^T dM)^T W, with the query
+    # side's dK added
+    dKt, dM = _kt_m_grads(W, dmq_ptr, dkt_ptr, rows, rmask, wrows, wmask, h, H, D, cols,
+                          cmask, BT, PREC)
     dN = tl.where(reflection_tokens(R, BTR)[:, None] > cbt[None, :],
                   mm(tl.trans(A), dM, PREC), 0.0)
     dK = dKt + load_tile(dkq_ptr, rows, rmask, H * D, h * D, cols, cmask)
@@ -263,14 +279,13 @@ def _ut_bwd_kernel(k_ptr, w_ptr, beta_ptr, x_ptr, dmq_ptr, dkt_ptr, du_ptr, dwp_
     W, K, b = _block_inputs(w_ptr, k_ptr, beta_ptr, rows, rmask, wrows, wmask, h, H, D,
                             cols, cmask)
     # A = X diag(beta), N = later(W K^T), M = A N (the forward's X)
-    A = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR) * b[None, :]
+    A = _inverse(x_ptr, wrows, wmask, h, H, BTR) * b[None, :]
     N = tl.where(later, mm(W, tl.trans(K), PREC), 0.0)
     M = mm(A, N, PREC)
     # gradients reaching M and W from K~ = K - M^T W and from the query side
     # (`_ut_bwd_q_kernel`: dM in its own buffer, its dW added to dwp)
-    dKt = load_tile(dkt_ptr, rows, rmask, H * D, h * D, cols, cmask)
-    dM = (load_tile(dmq_ptr, wrows, wmask, H * BT, h * BT, cbt, cbt < BT)
-          - mm(W, tl.trans(dKt), PREC))
+    dKt, dM = _kt_m_grads(W, dmq_ptr, dkt_ptr, rows, rmask, wrows, wmask, h, H, D, cols,
+                          cmask, BT, PREC)
     dW = load_tile(dwp_ptr, wrows, wmask, H * D, h * D, cols, cmask) - mm(M, dKt, PREC)
     # M = A N: dN = later(A^T dM) reaches W (and K: `_ut_bwd_dk_kernel`)
     dN = tl.where(later, mm(tl.trans(A), dM, PREC), 0.0)
@@ -298,7 +313,7 @@ def _ut_bwd_inv_kernel(w_ptr, beta_ptr, x_ptr, da_ptr, dwp_ptr, dw_ptr, dbeta_pt
     cbr = tl.arange(0, BTR)
     W, b = _reflection_inputs(w_ptr, beta_ptr, wrows, wmask, h, H, D, cols, cmask)
     # A = X diag(beta)
-    X = load_tile(x_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)
+    X = _inverse(x_ptr, wrows, wmask, h, H, BTR)
     dA = load_tile(da_ptr, wrows, wmask, H * BTR, h * BTR, cbr, cbr < BTR)
     db = tl.sum(dA * X, axis=0)
     # X = (I + L)^{-1}: dL = strictLower(-X^T dX X^T), dX = dA diag(beta);
