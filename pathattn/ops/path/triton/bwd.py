@@ -105,8 +105,9 @@ def _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr, dk_
                   mm_lp(dSt, x, DT, PREC, EMULATE), mask=cmask[None, :], sem="relaxed")
     if HAS_G:
         if BT >= 64:  # the keys' column sums as dS^T e_0, sharing dS^T's operand with dK
-            e0 = tl.where(tl.arange(0, 16) == 0, 1.0, 0.0)
-            cs = tl.sum(mm_lp(dSt, tl.broadcast_to(e0[None, :], (BT, 16)), DT, PREC, EMULATE),
+            # e_0 as wide as x, so that this product has the dK product's shape
+            e0 = tl.where(cols == 0, 1.0, 0.0)
+            cs = tl.sum(mm_lp(dSt, tl.broadcast_to(e0[None, :], x.shape), DT, PREC, EMULATE),
                         axis=1)
         tl.atomic_add(dgate_ptr + row_offsets(tc + lk, HQ, hq), -cs, sem="relaxed")
     return dS, drow

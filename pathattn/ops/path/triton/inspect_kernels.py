@@ -17,7 +17,7 @@ tile, K = 16 for 16-bit inputs, 8 for tf32, N up to 256), `wmma.mma`, `tcgen05.m
 `HMMA`, `HGMMA` and the other `*MMA` opcodes (`nvdisasm`, shipped with Triton). Counts are
 raw instructions of the per-thread code, executed once by every warp (mma.sync) or
 warpgroup (wgmma): they compare kernels of one architecture and tile shape, not sm_80 with
-sm_90.
+sm_90. `wgmma_widths` lists the widths N of a kernel's wgmma instructions.
 
 MMA per block pair: the block-pair loop is the loop with the most MMA instructions of its
 own (ties: the most static ones, then the first in the code); per block pair counts its
@@ -282,6 +282,7 @@ def _loops(succ: list[set[int]]) -> list[tuple[int, set[int]]]:
 # ---------------------------------------------------------------------- the analysis
 
 _PTX_MMA = re.compile(r"^(mma\.sync|wgmma\.mma_async|wmma\.mma|tcgen05\.mma)")
+_WGMMA_SHAPE = re.compile(r"^wgmma\.mma_async\.\S*?\bm\d+n(\d+)k\d+")
 _PTX_FENCE = re.compile(r"^(membar\.|fence\.(sc|acq_rel|acquire|release)\b)")
 _SEMS = ("relaxed", "acquire", "release", "acq_rel", "sc", "volatile")
 _SCOPES = ("cta", "cluster", "gpu", "sys")
@@ -347,13 +348,15 @@ class KernelReport:
     sass_local_in_loops: int | None = None  # LDL / STL (spill traffic) inside loops
     config: dict | None = None  # the pathattn launch it stands for (kernel, D, dtype, ...)
     sass_loops: tuple | None = None  # SassLoop per SASS loop, in code order
+    wgmma_widths: tuple = ()  # the N of the kernel's wgmma instructions (m64nNk*), sorted
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> KernelReport:
-        d = dict(d, loops=tuple(LoopInfo(**x) for x in d["loops"]))
+        d = dict(d, loops=tuple(LoopInfo(**x) for x in d["loops"]),
+                 wgmma_widths=tuple(d.get("wgmma_widths", ())))
         if d.get("sass_loops") is not None:
             d["sass_loops"] = tuple(SassLoop(**x) for x in d["sass_loops"])
         return cls(**d)
@@ -385,10 +388,13 @@ def analyze(ptx: str, sass: str | None = None) -> dict:
                 d = atomics[b not in in_loops]
                 d[i.op] = d.get(i.op, 0) + 1
             fences += b in in_loops and bool(_PTX_FENCE.match(i.op))
+    widths = {int(m.group(1)) for i in insts
+              if isinstance(i, _Inst) and (m := _WGMMA_SHAPE.match(i.op))}
     out = {"atomics_in_loops": atomics[0], "atomics_outside_loops": atomics[1],
            "fences_in_loops": fences, "mma_total": total,
            "mma_per_block_pair": pair.mma_static if pair else 0,
-           "pair_loop": pair.loc if pair else "", "loops": tuple(loops)}
+           "pair_loop": pair.loc if pair else "", "loops": tuple(loops),
+           "wgmma_widths": tuple(sorted(widths))}
     if sass is not None:
         sinsts = _sass_insts(sass)
         _, stotal, spair, sblocks, sin = _loop_stats(sinsts, _is_mma_sass)

@@ -8,7 +8,8 @@
     `mma_cap` (see `pathattn.ops.path.triton.inspect_kernels` for what is counted);
 (e) no kernel that spills with fewer than `MIN_REGS_WHEN_SPILLING` registers per thread
     (ptxas's fallback without .maxnreg);
-(f) `fit` runs ptxas with the register-allocation flags of the installed Triton.
+(f) `fit` runs ptxas with the register-allocation flags of the installed Triton;
+(g) on sm_90 at D = 64, every wgmma of a kernel has one width N (`ONE_WGMMA_WIDTH`).
 
 Configurations (`CASES`): bfloat16; D 64 and 128; gates on and off; R 1 and 2; every
 kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices. The figures are
@@ -66,6 +67,9 @@ MIN_BLOCKS_PER_SM = 2
 # to 32 registers per thread and tens of KB of spills: a kernel that spills uses at least
 # this many registers
 MIN_REGS_WHEN_SPILLING = 128
+# (g) the kernels that faulted with an illegal address on the H100 (Triton 3.6) were the
+# only ones whose wgmma mixed widths (m64n32 beside m64n64): one width per kernel
+ONE_WGMMA_WIDTH = "sm90-D64-gates-R1"
 # (d) goals, in [64, 64] x [64, 64] matrix products per block pair with 16-bit operands:
 # forward S = Q~ K~^T, P V and the transition x W^T, (.) U (fla's forward: the same 4);
 # backward S, dO V^T, P^T dO, dS^T x, dS K~, the transition terms W x^T, (.) g, U g^T,
@@ -80,10 +84,9 @@ EARLIER_SEGMENT_PRODUCTS = 3  # bwd's loop over an earlier segment's blocks, no 
 # instructions per 64 x 64 x 64 product, 4 warps: sm_90 one m64n64k16 wgmma per 16 of K;
 # sm_80 per warp (16 rows) 8 m16n8k16 mma.sync per 16 of K
 MMA_PER_PRODUCT = {90: 4, 80: 32}
-# with gates, bwd's own-segment pairs also form the keys' column sums of dS as one
-# [64, 64] x [64, 16] product (`bwd.py`): sm_90 one m64n16k16 wgmma per 16 of K, as for any
-# 64-row product (a quarter of the work); sm_80 per warp 2 m16n8k16 per 16 of K
-MMA_PER_COLUMN_SUMS = {90: 4, 80: 8}
+# with gates, bwd's own-segment pairs also form the keys' column sums of dS as one more
+# [64, 64] x [64, 64] product (`bwd.py`, dS^T e_0 with e_0 as wide as the dK product's)
+MMA_PER_COLUMN_SUMS = MMA_PER_PRODUCT
 
 
 def mma_cap(kernel: str, capability: int, gates: bool = False) -> int:
@@ -288,6 +291,12 @@ def _earlier_segment_loop(r: ik.KernelReport) -> ik.LoopInfo:
     return next(x for x in r.loops if x.loc == f"bwd.py:{line}")
 
 
+@pytest.mark.parametrize("kernel", CASES[ONE_WGMMA_WIDTH][-1])
+def test_one_wgmma_width_per_kernel(reports, kernel):
+    widths = reports[f"{ONE_WGMMA_WIDTH}/{kernel}"].wgmma_widths
+    assert len(widths) <= 1, f"{kernel}: wgmma widths {widths}"
+
+
 @pytest.mark.parametrize("case", [c for c, (*_, ks) in CASES.items() if "bwd" in ks])
 def test_no_atomics_in_the_block_pairs_of_earlier_segments(reports, case):
     """The T^2 part of the backward: the query kernel meets an earlier segment's block with
@@ -406,6 +415,14 @@ def test_mma_cap_can_fail():
     mma = "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, 1, 1;\n"
     ptx = _PTX.replace("\tmembar.gl;\n", mma * (mma_cap("fwd", 90) + 1))
     assert _synthetic(ptx).mma_per_block_pair > mma_cap("fwd", 90)
+
+
+def test_wgmma_widths_can_fail():
+    wg = "\twgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{%r1}}, %rd1, %rd2, 1, 1;\n"
+    mixed = _PTX.replace("\tmembar.gl;\n", wg.format(64) + wg.format(32))
+    assert _synthetic(mixed).wgmma_widths == (32, 64)
+    assert _synthetic(_PTX.replace("\tmembar.gl;\n", wg.format(64) * 2)).wgmma_widths == (64,)
+    assert _synthetic(_PTX).wgmma_widths == ()  # mma.sync only
 
 
 def test_occupancy():
