@@ -22,11 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 __all__ = ["launch_kernel", "compile_ahead", "compile_ahead_status", "compile_only",
-           "compile_threads", "grad_follows", "launch_log", "specialisation"]
+           "compile_threads", "grad_follows", "launch_log", "recording", "specialisation"]
 
 _DRY = contextvars.ContextVar("pathattn_compile_only", default=False)
 _LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("pathattn_launch_log",
                                                                     default=None)
+_RECORD: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
+    "pathattn_launch_recorder", default=None)
 _DONE: set = set()
 _BROKEN: list = []  # the error that turned the pass off, if one did
 
@@ -35,6 +37,9 @@ def launch_kernel(kernel, grid) -> Callable:
     """`kernel[grid]`: the callable that launches `kernel` on `grid` with the arguments it
     is given; inside a compile-only pass (`compile_ahead`), one that compiles it for those
     arguments without launching."""
+    record = _RECORD.get()
+    if record is not None:
+        return record(kernel, grid)
     log = _LOG.get()
     if log is not None:
         return _logged(log, kernel, grid)
@@ -53,6 +58,18 @@ def _logged(log: list, kernel, grid) -> Callable:
         if not _DRY.get():
             kernel[grid](*args, **kwargs)
     return call
+
+
+@contextlib.contextmanager
+def recording(recorder: Callable):
+    """Inside the block, `launch_kernel(kernel, grid)` returns `recorder(kernel, grid)`
+    instead of a launch (`pathattn.ops.common.compiled_launches` records and checks the
+    compiled kernels there)."""
+    token = _RECORD.set(recorder)
+    try:
+        yield
+    finally:
+        _RECORD.reset(token)
 
 
 @contextlib.contextmanager
