@@ -205,6 +205,8 @@ class Emulator:
         is unknown after the join."""
         if join is None:
             raise Unsupported(f"branch on an unknown predicate that never joins ({st.loc})")
+        if target < fall or self.uncertain >= 8:  # a loop latch, or branches nested deep
+            raise Unsupported(f"a loop or nested branches on an unknown predicate ({st.loc})")
         before, writes = dict(self.r), self.mem.shared_writes
         self.uncertain += 1
         self._walk(target, join)

@@ -249,6 +249,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                            v_ptr, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
                                            BT, DT, PREC, EMULATE)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
+        dO = load_raw(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
         x = tl.load(xa_ptrs, mask=smask, other=0.0)
         for i in range(0, a - 1 - c):
             x = apply_transition(x, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
