@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 
 __all__ = ["SM_LIMITS", "KernelReport", "LoopInfo", "SassLoop", "analyze", "atomic_order",
            "blocks_per_sm", "disassemble", "grid_configs", "inspect_kernel", "inspect_jit",
-           "ordered_atomics_in_loops"]
+           "narrow_beside_wide", "ordered_atomics_in_loops"]
 
 
 @dataclass(frozen=True)
@@ -464,6 +464,13 @@ def inspect_kernel(kernel: str, D: int, dtype, gates: bool, device: str, reflect
               "gates": gates, "R": reflections, "G": G, "BT": f.BT,
               "num_stages": f.num_stages}
     return _report(kernel, f, f.capability, f.num_warps, config)
+
+
+def narrow_beside_wide(widths) -> bool:
+    """Whether a kernel's wgmma widths (`KernelReport.wgmma_widths`) put one narrower than
+    64 columns beside wider ones: the pattern of the kernels that faulted on an H100 with
+    Triton 3.6 (m64n32 beside m64n64; docs/ops.md, "One wgmma width")."""
+    return len(widths) > 1 and min(widths) < 64
 
 
 def ordered_atomics_in_loops(r: KernelReport) -> list[str]:

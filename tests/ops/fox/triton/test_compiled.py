@@ -46,7 +46,8 @@ for D, names in json.loads(sys.argv[1]):
                                  "atomics": {**a["atomics_in_loops"],
                                              **a["atomics_outside_loops"]},
                                  "BT": s.constexprs["BT"], "warps": s.num_warps,
-                                 "mma_per_pair": a["mma_per_block_pair"]}
+                                 "mma_per_pair": a["mma_per_block_pair"],
+                                 "widths": list(a["wgmma_widths"])}
 print(json.dumps(out))
 """
 # two children of about equal cost; the gate kernels do not depend on D
@@ -95,6 +96,16 @@ def test_matrix_products_per_tile_pair_at_d64(reports, kernel):
     assert r["BT"] == 64, f"{kernel}: the cap below is for 64-token tiles: {r}"
     cap = PRODUCTS_PER_TILE_PAIR[kernel] * 4
     assert 0 < r["mma_per_pair"] <= cap, f"{kernel}: {r['mma_per_pair']} wgmma > {cap}: {r}"
+
+
+@pytest.mark.parametrize("kernel", ATTENTION)
+def test_no_narrow_wgmma_beside_wider_at_d64(reports, kernel):
+    """No wgmma narrower than 64 columns beside wider ones (the pattern of the kernels that
+    faulted on an H100; `inspect_kernels.narrow_beside_wide`)."""
+    from pathattn.ops.path.triton.inspect_kernels import narrow_beside_wide
+
+    widths = reports[f"D64-{kernel}"]["widths"]
+    assert widths and not narrow_beside_wide(widths), f"{kernel}: wgmma widths {widths}"
 
 
 def test_ahead_of_time_compilations_are_the_jits(tmp_path):

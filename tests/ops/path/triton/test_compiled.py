@@ -9,7 +9,8 @@
 (e) no kernel that spills with fewer than `MIN_REGS_WHEN_SPILLING` registers per thread
     (ptxas's fallback without .maxnreg);
 (f) `fit` runs ptxas with the register-allocation flags of the installed Triton;
-(g) on sm_90 at D = 64, every wgmma of a kernel has one width N (`ONE_WGMMA_WIDTH`).
+(g) on sm_90 at D = 64, no kernel issues a wgmma narrower than 64 columns beside wider
+    ones (`inspect_kernels.narrow_beside_wide`; `ONE_WGMMA_WIDTH`).
 
 Configurations (`CASES`): bfloat16; D 64 and 128; gates on and off; R 1 and 2; every
 kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices. The figures are
@@ -68,7 +69,8 @@ MIN_BLOCKS_PER_SM = 2
 # this many registers
 MIN_REGS_WHEN_SPILLING = 128
 # (g) the kernels that faulted with an illegal address on the H100 (Triton 3.6) were the
-# only ones whose wgmma mixed widths (m64n32 beside m64n64): one width per kernel
+# only ones with a narrow wgmma beside wider ones (m64n32 beside m64n64); at D = 64 every
+# kernel has one width
 ONE_WGMMA_WIDTH = "sm90-D64-gates-R1"
 # (d) goals, in [64, 64] x [64, 64] matrix products per block pair with 16-bit operands:
 # forward S = Q~ K~^T, P V and the transition x W^T, (.) U (fla's forward: the same 4);
@@ -294,7 +296,8 @@ def _earlier_segment_loop(r: ik.KernelReport) -> ik.LoopInfo:
 @pytest.mark.parametrize("kernel", CASES[ONE_WGMMA_WIDTH][-1])
 def test_one_wgmma_width_per_kernel(reports, kernel):
     widths = reports[f"{ONE_WGMMA_WIDTH}/{kernel}"].wgmma_widths
-    assert len(widths) <= 1, f"{kernel}: wgmma widths {widths}"
+    assert len(widths) <= 1 and not ik.narrow_beside_wide(widths), (
+        f"{kernel}: wgmma widths {widths}")
 
 
 @pytest.mark.parametrize("case", [c for c, (*_, ks) in CASES.items() if "bwd" in ks])
@@ -421,6 +424,8 @@ def test_wgmma_widths_can_fail():
     wg = "\twgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 {{%r1}}, %rd1, %rd2, 1, 1;\n"
     mixed = _PTX.replace("\tmembar.gl;\n", wg.format(64) + wg.format(32))
     assert _synthetic(mixed).wgmma_widths == (32, 64)
+    assert ik.narrow_beside_wide((32, 64)) and not ik.narrow_beside_wide((64, 128))
+    assert not ik.narrow_beside_wide((32,))
     assert _synthetic(_PTX.replace("\tmembar.gl;\n", wg.format(64) * 2)).wgmma_widths == (64,)
     assert _synthetic(_PTX).wgmma_widths == ()  # mma.sync only
 

@@ -47,7 +47,7 @@ for cap, D in json.loads(sys.argv[1]):
             "fences_in_loops": a["fences_in_loops"],
             "local_in_loops": a.get("sass_local_in_loops") or 0,
             "mma_per_pair": a["mma_per_block_pair"], "BT": s.constexprs["BT"],
-            "warps": s.num_warps}
+            "warps": s.num_warps, "widths": list(a["wgmma_widths"])}
 print(json.dumps(out))
 """
 JOBS = ([[90, 64], [80, 64]], [[90, 128]])  # two children of about equal cost
@@ -83,6 +83,15 @@ def test_two_blocks_per_sm(reports, key):
     r = reports[key]
     assert r["blocks"] >= MIN_BLOCKS_PER_SM, f"{key}: {r}"
     assert r["mma_per_pair"] > 0, f"{key}: the tile-pair loop has no MMA: {r}"
+
+
+@pytest.mark.parametrize("key", [f"sm90-D64-{k}" for k in KERNELS])
+def test_no_narrow_wgmma_beside_wider(reports, key):
+    """No wgmma narrower than 64 columns beside wider ones at D = 64 on an H100 (the pattern
+    of the kernels that faulted there; `inspect_kernels.narrow_beside_wide`)."""
+    from pathattn.ops.path.triton.inspect_kernels import narrow_beside_wide
+
+    assert not narrow_beside_wide(reports[key]["widths"]), f"{key}: {reports[key]}"
 
 
 def test_ahead_of_time_compilations_are_the_jits(tmp_path):
