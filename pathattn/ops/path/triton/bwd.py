@@ -114,14 +114,15 @@ def _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr, dk_
 
 
 @device_fn
-def _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr, v_ptr,
+def _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr, v_ptr,
                      wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
                      cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
                      DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                      EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
     """One step of the left-to-right walk inside the query's own segment: query state
-    x = x^(c) against key block c; returns the adjoint g^(c) from g = g^(c-1), and drow
-    (`_pair_grads`)."""
+    x^(c), rounded to DT (x, the attention products' operand) and to TDT (xt, the
+    transitions'), against key block c; returns the adjoint g^(c) from g = g^(c-1), and
+    drow (`_pair_grads`)."""
     tc = s0 + c * BT
     dS, drow = _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr,
                            dkt_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
@@ -134,13 +135,13 @@ def _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
             amask = cmask[None, :]
         else:
             amask = wmask[:, None] & cmask[None, :]
-        wx = mm_lp(Wc, tl.trans(x), TDT, PREC, EMULATE)  # [BTR, BT]
+        wx = mm_lp(Wc, tl.trans(xt), TDT, PREC, EMULATE)  # [BTR, BT]
         lw = tl.arange(0, BTR)
         tl.atomic_add(block_ptrs(du_ptr, tc * R, lw, H * D, h * D, cols),
                       -mm_lp(wx, g, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
         ug = mm_lp(Uc, tl.trans(g), TDT, PREC, EMULATE)  # one [BTR, BT] temporary at a time
         tl.atomic_add(block_ptrs(dwp_ptr, tc * R, lw, H * D, h * D, cols),
-                      -mm_lp(ug, x, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
+                      -mm_lp(ug, xt, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
         g = g - mm_lp(tl.trans(ug), Wc, TDT, PREC, EMULATE)
     kr = tc + tl.arange(0, BT)
     Kt = load_raw(kt_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
@@ -236,13 +237,13 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         if sc > 0:  # entering segment sc across M_sc: dM_sc += y^T g, g <- g M_sc^T
             g = cross_back(y, g, ms_ptr, dms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT,
                            EMULATE)
-        tl.store(yc_ptrs, y, mask=smask)
+        tl.store(yc_ptrs, y.to(DT), mask=smask)  # only an operand of S = y Ks^T below
         tl.debug_barrier()
         # plain attention, as the forward met these blocks, PIPE loads in flight
         for j in tl.range(0, SEG, num_stages=PIPE):
             tc = s0 + (sc * SEG + j) * BT
-            y = tl.load(yc_ptrs, mask=smask, other=0.0)
-            S, _ = key_block_logits(y, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H,
+            yb = tl.load(yc_ptrs, mask=smask, other=0.0)
+            S, _ = key_block_logits(yb, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H,
                                     D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
                                     False)
             g, drow = _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr,
@@ -255,9 +256,13 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             x = apply_transition(x, wt_ptr, u_ptr, s0 + (a - 1 - i) * BT, h, H, D, cols,
                                  cmask, PREC, BT, R, BTR, TDT, EMULATE)
         tc = s0 + c * BT
+        # the state only as product operands from here: rounded once, its float32 tile dead
+        xt = x.to(TDT)
+        x = x.to(DT)
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H, D,
                                 NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False)
-        g, drow = _key_block_grads(x, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_ptr,
+        g, drow = _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask,
+                                   kt_ptr,
                                    v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
                                    dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
                                    BT, DT, TDT, PREC, EMULATE, R, BTR)
@@ -299,7 +304,8 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
                           emulate, seg_launch)
     dqt = torch.empty(N, HQ, D, **f32)
     # per query block: its state at its own segment's start and at the segment walked
-    ys, yc = torch.empty(2, N, HQ, D, **f32).unbind(0)
+    ys = torch.empty(N, HQ, D, **f32)
+    yc = torch.empty(N, HQ, D, dtype=q.dtype, device=q.device)  # in the products' dtype
     ysd = torch.empty(N, HQ, D, dtype=q.dtype, device=q.device)  # ys in the inputs' dtype
     dsd = torch.empty(N, HQ, BT, **f32)
     dv = torch.zeros(N, H, Dv, **f32)
