@@ -273,6 +273,13 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
     tl.store(xa_ptrs, g, mask=smask)
 
 
+def _group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
+    """[N, HQ, F] per query head -> [N, H, F] summed over each key head's query heads (a
+    view, no copy, when HQ == H)."""
+    N, HQ, F = x.shape
+    return x if HQ == H else x.view(N, H, HQ // H, F).sum(2)
+
+
 def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int, pairs,
              scale: float, seg: int, BT: int, BD: int, BDV: int, dt, tdt, prec: str,
              emulate: bool, BK: int, BKV: int, launch: dict | None = None,
@@ -322,8 +329,8 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
         **(launch or {}))
     dks, dvq = launch_bwd_kv(ks, v, pi, pbase, G, ysd, do, lse, delta, dG, table, seg, BT, BD,
                              BDV, BKV, dt, prec, emulate, kv_tiles, kv_launch)
-    dv += dvq.view(N, H, HQ // H, Dv).sum(2)  # a key head's query heads
-    dks = dks.view(N, H, HQ // H, D).sum(2)
+    dv += _group_sum(dvq, H)  # a key head's query heads
+    dks = _group_sum(dks, H)
     segment_grads(w, u, kt, e, dks, dms, table, slots, seg, BT, BD, prec, dt, tdt, emulate,
                   dkt, du, dwp, R, seg_launch, seg_rows)
     return dqt, dsd, dv, dkt, du, dwp, dG
