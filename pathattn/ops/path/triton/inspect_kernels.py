@@ -43,6 +43,8 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 
+from ...common.ptx_parse import statements
+
 __all__ = ["SM_LIMITS", "KernelReport", "LoopInfo", "SassLoop", "analyze", "atomic_order",
            "blocks_per_sm", "disassemble", "grid_configs", "inspect_kernel", "inspect_jit",
            "narrow_beside_wide", "ordered_atomics_in_loops"]
@@ -94,72 +96,25 @@ class _Inst:
     loc: str = ""  # source location from the line table ("fwd.py:111"), PTX only
 
 
-_PTX_TOKEN = re.compile(r"//[^\n]*|/\*.*?\*/|[{};]|[^{};/]+|/", re.S)
-_LABEL = re.compile(r"^\s*([$%\w]+):(?!:)\s*(.*)$", re.S)
-_GUARD = re.compile(r"^@!?\S+\s+")
-_LOC = re.compile(r"//\s*(\S+\.py:\d+)")
-
-
-def _ptx_body(ptx: str) -> str:
-    """The body of the (first) `.entry` function: from its `{` to the matching `}`."""
-    start = ptx.index("{", ptx.index(")", ptx.index(".entry")))
-    depth = 0
-    for i in range(start, len(ptx)):
-        depth += {"{": 1, "}": -1}.get(ptx[i], 0)
-        if depth == 0:
-            return ptx[start + 1:i]
-    raise ValueError("unbalanced braces in the PTX")
-
-
 def _ptx_insts(ptx: str) -> list[_Inst | str]:
-    """Statements of the entry function: `_Inst`, or a label's unique name. Braces at the
-    start of a statement open a scope (inline assembly); labels resolve innermost-first."""
-    stmts, scopes, n_scopes, text, operand_braces, loc = [], [0], 0, "", 0, ""
-    for line in _ptx_body(ptx).splitlines():
-        if line.strip().startswith((".loc", ".file")):  # no ';': one line each
-            loc = m.group(1) if (m := _LOC.search(line)) else loc
-            continue
-        for tok in _PTX_TOKEN.findall(line + "\n"):
-            if tok.startswith(("//", "/*")):
-                continue
-            if tok == "{" and not text.strip():
-                n_scopes += 1
-                scopes.append(n_scopes)
-            elif tok == "}" and not operand_braces:
-                scopes.pop()
-            elif tok in "{}":
-                operand_braces += 1 if tok == "{" else -1
-                text += tok
-            elif tok == ";":
-                stmts.append((text.strip(), tuple(scopes), loc))
-                text = ""
-            else:
-                text += tok
-                while not operand_braces and (m := _LABEL.match(text)):
-                    stmts.append((":" + m.group(1), tuple(scopes), loc))
-                    text = m.group(2)
-    defined = {(sc[-1], s[1:]) for s, sc, _ in stmts if s.startswith(":")}
-
-    def resolve(name: str, sc: tuple) -> str:
-        return next((f"{s}/{name}" for s in reversed(sc) if (s, name) in defined), name)
-
+    """Statements of the entry function (`pathattn.ops.common.ptx_parse`): `_Inst`, or a
+    label's unique name, in code order."""
+    stmts, labels = statements(ptx)
+    at: dict[int, list[str]] = {}
+    for name, i in labels.items():
+        at.setdefault(i, []).append(name)
     out: list[_Inst | str] = []
-    for s, sc, loc in stmts:
-        if s.startswith(":"):
-            out.append(resolve(s[1:], sc[-1:]))
-            continue
-        if not s or s.startswith("."):
-            continue
-        guarded = bool(_GUARD.match(s))
-        words = _GUARD.sub("", s).split()
-        op = words[0]
-        if op.startswith("brx"):
+    for i, st in enumerate(stmts):
+        out.extend(at.get(i, ()))
+        guarded = st.guard is not None
+        if st.op.startswith("brx"):
             raise ValueError("indirect branch (brx) in the PTX: its targets are not known")
-        if op.startswith("bra"):
-            out.append(_Inst(op, resolve(words[-1].rstrip(","), sc), guarded, True, loc))
+        if st.op.startswith("bra"):
+            out.append(_Inst(st.op, st.args[-1], guarded, True, st.loc))
         else:
-            out.append(_Inst(op, None, guarded, op in ("ret", "exit", "trap") and not guarded,
-                             loc))
+            out.append(_Inst(st.op, None, guarded,
+                             st.op in ("ret", "exit", "trap") and not guarded, st.loc))
+    out.extend(at.get(len(stmts), ()))
     return out
 
 
