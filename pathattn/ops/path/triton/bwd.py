@@ -250,6 +250,9 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                            v_ptr, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
                                            BT, DT, PREC, EMULATE)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
+        # dO reloaded per block (from L2): its operand buffers live one block pair only
+        # (sm_90, D 64: 8 KiB less shared memory, no spill traffic in this loop with
+        # Triton 3.6, 2 spill loads / stores per pair without the reload)
         dO = load_raw(do_ptr, rows, rmask, HQ * DV, hq * DV, vcols, vmask)
         x = tl.load(xa_ptrs, mask=smask, other=0.0)
         for i in range(0, a - 1 - c):
@@ -262,10 +265,9 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H, D,
                                 NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False)
         g, drow = _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask,
-                                   kt_ptr,
-                                   v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr,
-                                   dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
-                                   BT, DT, TDT, PREC, EMULATE, R, BTR)
+                                   kt_ptr, v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr,
+                                   dwp_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask,
+                                   HAS_G, BT, DT, TDT, PREC, EMULATE, R, BTR)
     if HAS_G:  # dL/dG: this block's rows as queries, minus its tokens' in-block columns
         tl.atomic_add(dgate_ptr + row_offsets(rows, HQ, hq), drow - dcol, mask=rmask,
                       sem="relaxed")
