@@ -8,9 +8,10 @@ checks (`test_memory_safety.py`) run the Python source; this runs what the GPU w
 
 A kernel reading past its tensor's end, compiled and emulated the same way, is reported
 with its source line: the check can fail. The cases cross segments (several segments per
-sequence), pack sequences of odd lengths, take strided inputs, GQA, R = 2 and D = 128
-(`benchmarks/memcheck_compiled.py --capability 80` checks an A100's). Compilation runs in
-two child processes (TRITON_INTERPRET unset): about a minute.
+sequence), pack sequences of odd lengths, take strided inputs and GQA, at D = 64 (the
+H100's head dim of the 760M model; `benchmarks/memcheck_compiled.py` checks other head dims,
+reflections and an A100's kernels). Compilation runs in two child processes
+(TRITON_INTERPRET unset): about 30 s.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ pytestmark = pytest.mark.slow
 CASES = {
     "path-d64-gates-gqa-packed": ("path", 90, 1, 512, 2, 1, 64, 1, True, (1, 300, 211), False),
     "path-d64-dense-strided": ("path", 90, 2, 512, 1, 1, 64, 1, False, None, True),
-    "path-d128-r2-gates": ("path", 90, 1, 256, 2, 1, 128, 2, True, None, False),
     "fox-packed": ("fox", 90, 1, 512, 2, 1, 64, 1, True, (1, 300, 211), False),
     "sba-packed": ("sba", 90, 1, 512, 2, 1, 64, 1, False, (1, 300, 211), False),
 }
-GROUPS = (("path-d64-gates-gqa-packed", "path-d128-r2-gates"),
-          ("path-d64-dense-strided", "fox-packed", "sba-packed", "probe"))
+GROUPS = (("path-d64-gates-gqa-packed", "sba-packed"),
+          ("path-d64-dense-strided", "fox-packed", "probe"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
