@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from ...common.layout import token_bounds
+from ...common.row_dot import row_dot
 from ...common.token_blocks import block_gate_offsets, token_tile_table
 from ...common.triton_launch import compile_ahead, grad_follows, specialisation
 from ...common.validation import check_tile_length as check_block_size
@@ -141,10 +142,8 @@ def _backward_kernels(do, q, k, v, g, cu_seqlens, o, o_lo, lse, G, scale: float,
     """`fox_bwd`'s kernels."""
     run = _Launch(q, v, cu_seqlens, block_size)
     qf, kf, vf, dof = _tokens(q), _tokens(k), _tokens(v), _tokens(do)
-    of = _tokens(o).float()  # [N, HQ, Dv]
-    if o_lo.numel():
-        of = of + o_lo.float()
-    delta = (dof.float() * of).sum(-1)  # [N, HQ]
+    # rowsum(dO * O) [N, HQ] float32, O = o + o_lo (o's rounding error, for 16-bit inputs)
+    delta = row_dot(dof, _tokens(o), o_lo.view(dof.shape) if o_lo.numel() else None)
     dk, dv, dcol = key_grads(qf, kf, vf, G, run.gate_offsets(G, "dkdv"), dof, lse, delta,
                              run.table("dkdv"), scale, **run.kwargs("dkdv"))
     dq, drow = query_grads(qf, kf, vf, G, run.gate_offsets(G, "dq"), dof, lse, delta,
@@ -164,6 +163,8 @@ def _setup_context(ctx, inputs, output):
     q, k, v, g, cu_seqlens, scale, block_size = inputs
     ctx.save_for_backward(q, k, v, g, cu_seqlens, *output)  # o, o_lo, lse, G
     ctx.scale, ctx.block_size = scale, block_size
+    ctx.mark_non_differentiable(*output[1:])  # o_lo, lse, G: no zero gradients made
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, do, *_):

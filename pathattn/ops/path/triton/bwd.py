@@ -293,10 +293,11 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     (the segment keys and transitions are recomputed, as the forward computed them).
 
     Returns dqt [N, HQ, D] and dsd [N, HQ, BT] (gradients of Q~ and of the in-block logits
-    per query head), dv, dkt, du, dwp (float32, [N, H, Dv], [N, H, D], and [N * R, H, D]
-    for du, dwp) and dG = dL/dG [N, HQ], the gradient of the cumulative gates G: row sums
-    of dS minus column sums (None without gates). BK, BKV: rows of a segment product read at
-    a time (divisors of BD) by the query-parallel and the key-parallel kernel; launch /
+    per query head), dv [N, H, Dv] in v's dtype, dkt, du, dwp (float32, [N, H, D], and
+    [N * R, H, D] for du, dwp) and dG = dL/dG [N, HQ], the gradient of the cumulative gates
+    G: row sums of dS minus column sums (None without gates). BK, BKV: rows of a segment
+    product read at a time (divisors of BD) by the query-parallel and the key-parallel
+    kernel; launch /
     seg_launch / kv_launch: num_warps / num_stages of the query-parallel scan, of the
     segment kernels (`segments`, `crossings`) and of the key-parallel kernel (`bwd_kv`);
     kv_tiles: the latter's (BKT, BQ); seg_rows: the rows of E per program of
@@ -329,9 +330,10 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
         scale, seg, HQ, H, D, Dv, N, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
         BK=BK, DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
         **(launch or {}))
-    dks, dvq = launch_bwd_kv(ks, v, pi, pbase, G, ysd, do, lse, delta, dG, table, seg, BT, BD,
-                             BDV, BKV, dt, prec, emulate, kv_tiles, kv_launch)
-    dv += _group_sum(dvq, H)  # a key head's query heads
+    dks, dvq = launch_bwd_kv(ks, v, pi, pbase, G, ysd, do, lse, delta, dG, dv, table, seg, BT,
+                             BD, BDV, BKV, dt, prec, emulate, kv_tiles, kv_launch)
+    # without GQA the key kernel finished dv (v's dtype); else sum a key head's query heads
+    dv = dvq if HQ == H else (dv + _group_sum(dvq, H)).to(v.dtype)
     dks = _group_sum(dks, H)
     segment_grads(w, u, kt, e, dks, dms, table, slots, seg, BT, BD, prec, dt, tdt, emulate,
                   dkt, du, dwp, R, seg_launch, seg_rows)

@@ -20,8 +20,11 @@ gate term is made of the forward's three float32 terms (`fwd.py`), (G_i - G_a0) 
 of the key block; the first depends on the query only and is subtracted from its
 log-sum-exp on the host, so the loop adds one scalar and one per-key term.
 
-Writes dks and dv per query head ([N, HQ, D], [N, HQ, Dv] float32, every row; `bwd_scan`
-sums a key head's query heads) and subtracts the column sums from dG [N, HQ] in place.
+Writes dks per query head ([N, HQ, D] float32, every row; `bwd_scan` sums a key head's
+query heads) and subtracts the column sums from dG [N, HQ] in place. dV: without GQA a
+program owns its rows, adds the query kernel's part and writes the finished gradient in v's
+dtype (no float32 sum and conversion on the host); with GQA it writes its part per query
+head ([N, HQ, Dv] float32).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ __all__ = ["launch_bwd_kv"]
 
 @triton.jit
 def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_ptr, lse_ptr,
-                   delta_ptr, dks_ptr, dv_ptr, dgate_ptr, table_ptr, SEG, HQ, H, D, DV, NTOK,
-                   G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
+                   delta_ptr, dks_ptr, dv_ptr, dvq_ptr, dgate_ptr, table_ptr, SEG, HQ, H, D, DV,
+                   NTOK, G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                    BQ: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr,
                    DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
                    PIPE: tl.constexpr = 1):
@@ -65,7 +68,11 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
     n_seg = (n_blk + SEG - 1) // SEG
     s = (t0 - s0) // BT // SEG  # this key block's segment
     base = tl.load(pbase_ptr + blk)
-    dV = tl.zeros([BKT, BDV], dtype=tl.float32)
+    vtile = rmask[:, None] & vmask[None, :]
+    if G == 1:  # this program owns its rows of dV: it starts from the query kernel's part
+        dV = tl.load(tile_ptrs(dv_ptr, rows, H * DV, h * DV, vcols), mask=vtile, other=0.0)
+    else:
+        dV = tl.zeros([BKT, BDV], dtype=tl.float32)
     dcol = tl.zeros([BKT], dtype=tl.float32)
     ge = tl.zeros([BKT], dtype=tl.float32)  # the keys' gates, G_j - G_b1
     if HAS_G:
@@ -111,33 +118,38 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
             dK = times_e(dK, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, BK, PREC, DT,
                          EMULATE)
         tl.store(dks_ptrs, tl.load(dks_ptrs, mask=kmask, other=0.0) + dK, mask=kmask)
-    tl.store(tile_ptrs(dv_ptr, rows, HQ * DV, hq * DV, vcols), dV,
-             mask=rmask[:, None] & vmask[None, :])
+    if G == 1:  # the finished gradient, in v's dtype
+        tl.store(tile_ptrs(dvq_ptr, rows, H * DV, h * DV, vcols), dV, mask=vtile)
+    else:
+        tl.store(tile_ptrs(dvq_ptr, rows, HQ * DV, hq * DV, vcols), dV, mask=vtile)
     if HAS_G:  # this program owns its rows of dG for hq: the query kernel's adds are done
         gptrs = dgate_ptr + row_offsets(rows, HQ, hq)
         tl.store(gptrs, tl.load(gptrs, mask=rmask, other=0.0) - dcol, mask=rmask)
 
 
-def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, table, seg: int, BT: int,
+def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, dv, table, seg: int, BT: int,
                   BD: int, BDV: int, BK: int, dt, prec: str, emulate: bool,
                   tiles: tuple[int, int] | None = None, launch: dict | None = None):
-    """dks [N, HQ, D] and dv [N, HQ, Dv] (float32) of the module docstring; subtracts the
-    keys' column sums from dG [N, HQ] in place (when G, the gates of
-    `op._cumulative_gates`, is given). ks [N, H, D], v [N, H, Dv], ys [N, HQ, D] and do
-    [N, HQ, Dv] (the inputs' dtype), lse and delta [N, HQ] float32; pi and pbase of
-    `crossings`. tiles: (BKT, BQ), the keys per program and the queries per step (powers
-    of two dividing BT; default (BT, BT))."""
+    """dks [N, HQ, D] (float32) of the module docstring and the values' gradient:
+    without GQA (HQ == H) the finished dv [N, H, Dv] in v's dtype, the query kernel's part
+    dv [N, H, Dv] (float32) added; with GQA this kernel's part per query head [N, HQ, Dv]
+    (float32), for the caller to sum. Subtracts the keys' column sums from dG [N, HQ] in
+    place (when G, the gates of `op._cumulative_gates`, is given). ks [N, H, D], v [N, H,
+    Dv], ys [N, HQ, D] and do [N, HQ, Dv] (the inputs' dtype), lse and delta [N, HQ]
+    float32; pi and pbase of `crossings`. tiles: (BKT, BQ), the keys per program and the
+    queries per step (powers of two dividing BT; default (BT, BT))."""
     N, H, D = ks.shape
     HQ, Dv = do.shape[1], v.shape[-1]
     dks = torch.empty(N, HQ, D, dtype=torch.float32, device=ks.device)
-    dv = torch.empty(N, HQ, Dv, dtype=torch.float32, device=ks.device)
+    dvq = (torch.empty(N, H, Dv, dtype=v.dtype, device=ks.device) if HQ == H
+           else torch.empty(N, HQ, Dv, dtype=torch.float32, device=ks.device))
     BKT, BQ = tiles or (BT, BT)
     g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
     if G is not None:  # each query row's own gate term, G_i - G_a0, taken out of its lse
         lse = (lse - gs.t()).contiguous()
     launch_kernel(_bwd_kv_kernel, (table.shape[0] * (BT // BKT), HQ))(
-        ks, v, pi, pbase, g64, ge, ys, do, lse, delta, dks, dv,
+        ks, v, pi, pbase, g64, ge, ys, do, lse, delta, dks, dv, dvq,
         dG if dG is not None else lse, table, seg, HQ, H, D, Dv, N, G=HQ // H,
         HAS_G=G is not None, BT=BT, BKT=BKT, BQ=BQ, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
         EMULATE=emulate, **(launch or {}))
-    return dks, dv
+    return dks, dvq

@@ -121,13 +121,16 @@ class Compiled:
     spills: int | None = None
 
 
-def _signature(fn, dtype: torch.dtype, gates: bool) -> tuple[dict, dict]:
-    """Argument types of a kernel as the launcher calls it, and the divisibility attributes
-    the JIT infers for 16-aligned pointers and head dims / head counts divisible by 16."""
+def _signature(fn, dtype: torch.dtype, gates: bool, G: int = 1) -> tuple[dict, dict]:
+    """Argument types of a kernel as the launcher calls it (GQA group G), and the
+    divisibility attributes the JIT infers for 16-aligned pointers and head dims / head
+    counts divisible by 16."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if i in fn.constexprs:
             sig[name] = "constexpr"
+        elif name == "dvq_ptr":  # the finished dv without GQA, float32 parts with it
+            sig[name] = "*" + (_TT[dtype] if G == 1 else "fp32")
         elif name == "g_ptr":
             sig[name] = "*fp64" if gates else "*fp32"
         elif name in ("table_ptr", "slot_ptr", "pbase_ptr"):
@@ -274,7 +277,7 @@ def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: La
     if num_stages is not None:  # as the launcher's cfg would carry it (PIPE follows it)
         cfg = replace(cfg, stages=tuple({**dict(cfg.stages), kernel: num_stages}.items()))
     warps, stages = cfg.launch(kernel)
-    sig, attrs = _signature(fn, dtype, gates)
+    sig, attrs = _signature(fn, dtype, gates, G)
     c = compile_jit(fn, sig, _constexprs(kernel, D, dtype, gates, cfg, G), capability, warps,
                     stages, stage, attrs, cfg.max_registers(kernel))
     return KernelFit(kernel=kernel, D=D, dtype=dtype, gates=gates, BT=cfg.BT, G=G,

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ...common.heads import default_scale
 from ...common.layout import token_bounds
+from ...common.row_dot import row_dot
 from ...common.token_blocks import block_gate_offsets
 from ...common.triton_launch import compile_ahead, grad_follows, specialisation, specialised
 from ...common.validation import check_tile_length
@@ -234,7 +235,7 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
     dof = _flat(do)
     G = _cumulative_gates(g, B, T, cu_seqlens, block_size)
     lsef = _flat(lse)
-    delta = (dof.float() * _flat(o).float()).sum(-1)  # [N, HQ]
+    delta = row_dot(dof, _flat(o))  # rowsum(dO * O) [N, HQ], float32
     dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vc, wt, u, kt, m, G, dof, lsef, delta,
                                               table, slots, n_slots, pairs, scale, seg,
                                               block_size, BD, BDV, dt,
@@ -267,6 +268,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, *output)  # o, lse, u, ..., vc
     ctx.scale, ctx.block_size, ctx.seg = scale, block_size, seg
     ctx.has_g = g is not None
+    # only o carries a gradient: no zero gradients are made for lse and the UT quantities
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, do, *_):

@@ -199,6 +199,18 @@ def _block_transform(W, K, b, X, BT: tl.constexpr, R: tl.constexpr, BTR: tl.cons
     return E, N, A, mm(A, W, PREC), mm(A, N, PREC)
 
 
+@device_fn
+def _share(ptrs, x, mask, G: tl.constexpr, ADD: tl.constexpr):
+    """A query head's share x of a key head's gradient: added atomically when G > 1 query
+    heads share it; with G = 1 stored, or with ADD added to what the buffer holds."""
+    if G > 1:
+        tl.atomic_add(ptrs, x, mask=mask, sem="relaxed")
+    elif ADD:
+        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + x, mask=mask)
+    else:
+        tl.store(ptrs, x, mask=mask)
+
+
 @triton.jit
 def _ut_bwd_q_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkq_ptr,
                      dmq_ptr, du_ptr, dwp_ptr, dq_ptr, table_ptr, scale, HQ, H, D,
@@ -225,17 +237,19 @@ def _ut_bwd_q_kernel(q_ptr, k_ptr, w_ptr, beta_ptr, x_ptr, dqt_ptr, dsd_ptr, dkq
     dQ = dQt + mm(dS, K, PREC) + mm(dQW, W, PREC)  # Q~ = Q - QW U;  S = Q K^T - QW M
     tl.store(tile_ptrs(dq_ptr, rows, HQ * D, hq * D, cols), dQ * scale,
              mask=rmask[:, None] & cmask[None, :])
-    # the key head's share, summed over its G query heads (relaxed: only atomicity needed)
+    # the key head's share, summed over its G query heads (relaxed: only atomicity needed);
+    # with G = 1 the program owns those rows: dkq and dmq are written, du and dwp added to
     kmask = rmask[:, None] & cmask[None, :]
     wsmask = wmask[:, None] & cmask[None, :]
-    tl.atomic_add(tile_ptrs(dkq_ptr, rows, H * D, h * D, cols), mm(tl.trans(dS), Q, PREC),
-                  mask=kmask, sem="relaxed")
-    tl.atomic_add(tile_ptrs(du_ptr, wrows, H * D, h * D, cols),
-                  -mm(tl.trans(QW), dQt, PREC), mask=wsmask, sem="relaxed")
-    tl.atomic_add(tile_ptrs(dmq_ptr, wrows, H * BT, h * BT, cbt),
-                  -mm(tl.trans(QW), dS, PREC), mask=wmask[:, None], sem="relaxed")
-    tl.atomic_add(tile_ptrs(dwp_ptr, wrows, H * D, h * D, cols), mm(tl.trans(dQW), Q, PREC),
-                  mask=wsmask, sem="relaxed")
+    _share(tile_ptrs(dkq_ptr, rows, H * D, h * D, cols), mm(tl.trans(dS), Q, PREC), kmask,
+           G, False)
+    _share(tile_ptrs(du_ptr, wrows, H * D, h * D, cols), -mm(tl.trans(QW), dQt, PREC),
+           wsmask, G, True)
+    _share(tile_ptrs(dmq_ptr, wrows, H * BT, h * BT, cbt), -mm(tl.trans(QW), dS, PREC),
+           wmask[:, None], G, False)
+    _share(tile_ptrs(dwp_ptr, wrows, H * D, h * D, cols), mm(tl.trans(dQW), Q, PREC), wsmask,
+           G, True)
+
 
 
 @triton.jit
@@ -352,8 +366,10 @@ def ut_bwd(q, k, w, beta, x, dqt, dsd, dkt, du, dwp, table, scale: float, BT: in
     dk = torch.empty_like(k)
     dw = torch.empty_like(w)
     dbeta = torch.empty_like(beta)
-    dkq = torch.zeros(N, H, D, dtype=torch.float32, device=q.device)
-    dmq = torch.zeros(N * R, H, BT, dtype=torch.float32, device=q.device)
+    # the query side's shares: written whole by it without GQA, summed atomically with it
+    make = torch.empty if HQ == H else torch.zeros
+    dkq = make(N, H, D, dtype=torch.float32, device=q.device)
+    dmq = make(N * R, H, BT, dtype=torch.float32, device=q.device)
     launch_kernel(_ut_bwd_q_kernel, (table.shape[0], HQ))(
         q, k, w, beta, x, dqt, dsd, dkq, dmq, du, dwp, dq, table, scale, HQ, H, D,
         G=HQ // H, BT=BT, BD=BD, PREC=prec, R=R, BTR=BTR, **(q_launch or {}))
