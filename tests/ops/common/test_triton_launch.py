@@ -307,9 +307,10 @@ def test_compile_ahead_through_the_real_jit(tmp_path):
     out = run_child(_REAL_JIT_CHILD, tmp_path)
     expect = {"path": {"_ut_fwd_kernel", "_seg_kernel", "_fwd_kernel", "_pi_kernel",
                        "_bwd_kernel", "_bwd_kv_kernel", "_seg_bwd_kernel", "_ut_bwd_q_kernel",
-                       "_ut_bwd_kernel", "_ut_bwd_inv_kernel", "_ut_bwd_dk_kernel"},
+                       "_ut_bwd_kernel", "_ut_bwd_inv_kernel", "_ut_bwd_dk_kernel",
+                       "_row_dot_kernel"},
               "fox": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_tile_cumsum_kernel",
-                      "_tile_offset_kernel"},
+                      "_tile_offset_kernel", "_row_dot_kernel"},
               "sba": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel"}}
     for op, kernels in expect.items():
         assert out[op]["again"] == [], (op, out[op])

@@ -1,18 +1,19 @@
 """The Triton path of PaTH attention as torch.library custom ops with autograd.
 
     pathattn::path_attn_fwd(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
-        -> (o [B, T, HQ, Dv], lse [B, T, HQ] float32, u, kt, m, x, wt, vc)
+        -> (o [B, T, HQ, Dv], lse [B, T, HQ] float32, u, kt, m, x, wt, vc, gc, go)
     pathattn::path_attn_bwd(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, x, wt, vc,
-                            scale, block_size, seg) -> (dq, dk, dv, dw, dbeta, dg)
+                            gc, go, scale, block_size, seg) -> (dq, dk, dv, dw, dbeta, dg)
 
 w is [B, T, H, D] and beta [B, T, H], or with R reflections per token w [B, T, H, R, D] and
 beta [B, T, H, R] (dw and dbeta in the same shapes). Both have fake (meta) implementations,
 and the forward op has a registered autograd formula, so torch.compile traces through
 `path_attn_triton` without a graph break. The forward saves the inputs, o, lse and the UT
 quantities (u, kt, m, the inverses x and the copies wt, vc that the scans read, all of
-`ut.ut_fwd`; O(T) memory), so the UT transform runs once per training step. The first
-forward call of a configuration compiles its kernels side by side, with the backward's
-when an input requires grad (`pathattn.ops.common.triton_launch.compile_ahead`).
+`ut.ut_fwd`; O(T) memory), so the UT transform runs once per training step, and the
+cumulative gates gc with their block offsets go (`_cumulative_gates`; empty without g).
+The first forward call of a configuration compiles its kernels side by side, with the
+backward's when an input requires grad (`pathattn.ops.common.triton_launch.compile_ahead`).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def path_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Te
                   cu_seqlens: Optional[torch.Tensor], scale: float,  # noqa: UP045
                   block_size: int, seg: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                             torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                             torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                             torch.Tensor, torch.Tensor]:
     args = (q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg)
     keys = [_compile_key(step, q, k, v, w, beta, g, cu_seqlens, block_size, seg)
             for step in ("fwd", "bwd")[:1 + grad_follows(q, k, v, w, beta, g)]]
@@ -184,7 +186,9 @@ def _forward(q, k, v, w, beta, g, cu_seqlens, scale: float, block_size: int, seg
     o, lse = fwd_scan(qf, kf, vc, wt, u, kt, m, G, ks, ms, slots, table, scale, seg,
                       block_size, BD, tiles["BDV"], cfg.m_rows(BD), dt, tdt, prec, emulate,
                       cfg.launch_kwargs("fwd"))
-    return o.view(B, T, HQ, Dv), lse.view(B, T, HQ), u, kt, m, xinv, wt, vc
+    gc, go = G if G is not None else (q.new_empty(0, dtype=torch.float64),
+                                      q.new_empty(0, dtype=torch.float32))
+    return o.view(B, T, HQ, Dv), lse.view(B, T, HQ), u, kt, m, xinv, wt, vc, gc, go
 
 
 @path_attn_fwd.register_fake
@@ -200,7 +204,9 @@ def _(q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg):
             q.new_empty(NR, H, block_size, dtype=torch.float32),
             q.new_empty(NR, H, BTR, dtype=torch.float32),
             q.new_empty(NR, H, D, dtype=transition_dtype(q.dtype)),
-            v.new_empty(B * T, H, v.shape[-1]))
+            v.new_empty(B * T, H, v.shape[-1]),
+            q.new_empty(*((0,) if g is None else (B * T, HQ)), dtype=torch.float64),
+            q.new_empty(*((0,) if g is None else (2, HQ, B * T)), dtype=torch.float32))
 
 
 @torch.library.custom_op("pathattn::path_attn_bwd", mutates_args=())
@@ -209,12 +215,13 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                   g: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],  # noqa: UP045
                   o: torch.Tensor, lse: torch.Tensor, u: torch.Tensor, kt: torch.Tensor,
                   m: torch.Tensor, xinv: torch.Tensor, wt: torch.Tensor, vc: torch.Tensor,
+                  gc: torch.Tensor, go: torch.Tensor,
                   scale: float, block_size: int,
                   seg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                      torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v, w, beta, g) from the forward's outputs and UT quantities; dg
     is an empty tensor when g is None."""
-    args = (do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, scale,
+    args = (do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, gc, go, scale,
             block_size, seg)
     compile_ahead([_compile_key("bwd", q, k, v, w, beta, g, cu_seqlens, block_size, seg)],
                   q.device, lambda: _backward_kernels(*args))
@@ -222,6 +229,7 @@ def path_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 
 def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc,
+                      gc, go,
                       scale: float, block_size: int, seg: int):
     """`path_attn_bwd`'s kernels."""
     B, T, HQ, D = q.shape
@@ -233,7 +241,7 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
     qf, kf = _flat(q), _flat(k)
     wf, bf = _flat_reflections(w, beta)  # [N * R, H, D], [N * R, H]
     dof = _flat(do)
-    G = _cumulative_gates(g, B, T, cu_seqlens, block_size)
+    G = None if g is None else (gc, go)  # the forward's
     lsef = _flat(lse)
     delta = row_dot(dof, _flat(o))  # rowsum(dO * O) [N, HQ], float32
     dqt, dsd, dv, dkt, du, dwp, dG = bwd_scan(qf, kf, vc, wt, u, kt, m, G, dof, lsef, delta,
@@ -256,8 +264,8 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
 
 
 @path_attn_bwd.register_fake
-def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, scale, block_size,
-      seg):
+def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, gc, go, scale,
+      block_size, seg):
     dg = q.new_empty(0) if g is None else torch.empty_like(g)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w),
             torch.empty_like(beta), dg)
@@ -265,7 +273,7 @@ def _(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xinv, wt, vc, scale
 
 def _setup_context(ctx, inputs, output):
     q, k, v, w, beta, g, cu_seqlens, scale, block_size, seg = inputs
-    ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, *output)  # o, lse, u, ..., vc
+    ctx.save_for_backward(q, k, v, w, beta, g, cu_seqlens, *output)  # o, lse, u, ..., go
     ctx.scale, ctx.block_size, ctx.seg = scale, block_size, seg
     ctx.has_g = g is not None
     # only o carries a gradient: no zero gradients are made for lse and the UT quantities
@@ -274,7 +282,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, do, *_):
-    q, k, v, w, beta, g, cu_seqlens, *saved = ctx.saved_tensors  # o, lse, u, kt, m, x, wt, vc
+    q, k, v, w, beta, g, cu_seqlens, *saved = ctx.saved_tensors  # o, lse, u, ..., vc, gc, go
     dq, dk, dv, dw, dbeta, dg = path_attn_bwd(do.contiguous(), q, k, v, w, beta, g, cu_seqlens,
                                               *saved, ctx.scale, ctx.block_size, ctx.seg)
     return dq, dk, dv, dw, dbeta, (dg if ctx.has_g else None), None, None, None, None
