@@ -1,7 +1,8 @@
 """The PyTorch work around the Triton kernels of one forward + backward, counted on a CPU.
 
 Besides its kernels, a call of `path_attn(backend="triton")` (and of fla's
-`parallel_path_attn`) runs PyTorch operations on the device: buffers zeroed for atomics,
+`parallel_path_attn`; with --op fox, `fox_attn(backend="triton")` and fla's
+`parallel_forgetting_attn`) runs PyTorch operations on the device: buffers zeroed for atomics,
 dtype conversions, reductions, the gate sums. Each is a kernel launch of its own that reads
 and writes device memory. This script runs the host code of one forward + backward on CPU
 tensors with every Triton launch replaced by nothing (as `memory_triton_cpu.py`; fla sees
@@ -13,6 +14,7 @@ off. The last column is the bytes moved at an H100's 3.35 TB/s, a lower bound of
 work's time; gpu_check.py's profiler table measures it.
 
     python benchmarks/host_traffic_triton_cpu.py                  # T 2048, gates on and off
+    python benchmarks/host_traffic_triton_cpu.py --op fox         # forgetting attention
     python benchmarks/host_traffic_triton_cpu.py --seq-lens 8192 --ops --json traffic.json
 
 --ops lists every operation moving at least --min-mib MiB (1), with the source lines that
@@ -44,7 +46,9 @@ _NO_READ = {"zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "ne
             "new_full", "new_ones", "zero_", "fill_", "arange", "scalar_tensor"}
 # custom ops whose host code is counted inside: name -> module, function
 _OPEN = {"path_attn_fwd": ("pathattn.ops.path.triton.op", "_forward"),
-         "path_attn_bwd": ("pathattn.ops.path.triton.op", "_backward_kernels")}
+         "path_attn_bwd": ("pathattn.ops.path.triton.op", "_backward_kernels"),
+         "fox_fwd": ("pathattn.ops.fox.triton.op", "_forward"),
+         "fox_bwd": ("pathattn.ops.fox.triton.op", "_backward_kernels")}
 
 
 def _nbytes(ts) -> int:
@@ -122,6 +126,29 @@ def _print_ops(name: str, t: Traffic, least: float) -> None:
         print(f"  {op:22s} {r / 2**20:8.1f} / {w / 2**20:8.1f}  x{n:<3d} {lines}")
 
 
+def _fox_candidates(B: int, T: int, H: int, D: int) -> dict:
+    """"path" (ours) and, with fla-core, "fla": fox_attn(backend="triton") and fla's
+    parallel_forgetting_attn on the same bfloat16 inputs (g = logsigmoid(randn + 2))."""
+    import torch.nn.functional as F
+    from _attn_gpu import _candidate
+
+    from pathattn.ops import fox_attn
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, D, generator=gen).bfloat16().requires_grad_()
+               for _ in range(3))
+    g = F.logsigmoid(torch.randn(B, T, H, generator=gen) + 2).requires_grad_()
+    dout = torch.randn(B, T, H, D, generator=gen).bfloat16()
+    out = {"path": _candidate(lambda: fox_attn(q, k, v, g, backend="triton"), [q, k, v, g],
+                              dout)}
+    try:
+        from fla.ops.forgetting_attn import parallel_forgetting_attn
+    except ImportError:
+        return out
+    out["fla"] = _candidate(lambda: parallel_forgetting_attn(q, k, v, g), [q, k, v, g], dout)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq-lens", default="2048")
@@ -131,6 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", action="store_true", help="list the operations and their callers")
     p.add_argument("--min-mib", type=float, default=1.0,
                    help="--ops lists operations and callers moving at least this many MiB")
+    p.add_argument("--op", choices=("path", "fox"), default="path")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     _stand_in_h100()
@@ -143,9 +171,10 @@ def main(argv=None) -> int:
           "| fla H100 ms |\n|---|---|---|---|---|---|---|---|---|")
     for T in (int(t) for t in a.seq_lens.split(",")):
         B = max(1, a.tokens // T)
-        for gates in (False, True):
-            cands = candidates(B, T, a.heads, a.head_dim, torch.bfloat16, gates,
-                               torch.device("cpu"), fla, names=("fla", "path"))
+        for gates in (False, True) if a.op == "path" else (True,):
+            cands = (_fox_candidates(B, T, a.heads, a.head_dim) if a.op == "fox" else
+                     candidates(B, T, a.heads, a.head_dim, torch.bfloat16, gates,
+                                torch.device("cpu"), fla, names=("fla", "path")))
             counted = {n: count(c.fwd_bwd) for n, c in cands.items()}
             s = {n: summary(t) for n, t in counted.items()}
             row = {"T": T, "B": B, "gates": gates, "ours": s["path"], "fla": s.get("fla")}

@@ -59,3 +59,17 @@ def test_writes_without_reads(op):
     with Traffic() as t:
         torch.zeros(32) if op == "zeros" else x.fill_(2.0)
     assert t.ops[op][1:3] == [0, 32 * 4]
+
+
+def test_fox_small_shape(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")) if p)}
+    out = tmp_path / "traffic.json"
+    run = subprocess.run([sys.executable, "benchmarks/host_traffic_triton_cpu.py", "--op", "fox",
+                          "--seq-lens", "128", "--tokens", "256", "--heads", "2", "--ops",
+                          "--min-mib", "0", "--json", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert (row["T"], row["B"], row["gates"]) == (128, 2, True)
+    assert row["ours"]["calls"] > 0 and "fox/triton/op.py" in run.stdout

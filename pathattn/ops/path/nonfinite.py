@@ -31,20 +31,32 @@ from .gates import sequence_cumsum
 __all__ = ["isolate_nonfinite", "poison_rows", "poison_keys"]
 
 
-def _bad_rows(x: torch.Tensor, feature_dims: int) -> torch.Tensor:
-    """True where any entry of a token's features is non-finite: [B, T, H]. One pass: the
-    largest |entry| is inf or NaN exactly when an entry is (NaN propagates through max)."""
+def _peak(x: torch.Tensor, feature_dims: int) -> torch.Tensor:
+    """The largest |entry| of each token's features, [B, T, H]: inf or NaN exactly when an
+    entry is (NaN propagates through max). One pass over x."""
     if not feature_dims:
-        return ~torch.isfinite(x)
-    peak = torch.linalg.vector_norm(x.flatten(-feature_dims), ord=float("inf"), dim=-1)
-    return ~torch.isfinite(peak)
+        return x.abs()
+    return torch.linalg.vector_norm(x.flatten(-feature_dims), ord=float("inf"), dim=-1)
+
+
+def _bad(peak: torch.Tensor) -> torch.Tensor:
+    """True where a peak (>= 0, or NaN) is inf or NaN: two elementwise operations
+    (torch.isfinite is four)."""
+    return ~(peak < float("inf"))
+
+
+def _bad_rows(x: torch.Tensor, feature_dims: int) -> torch.Tensor:
+    """True where any entry of a token's features is non-finite: [B, T, H]."""
+    return _bad(_peak(x, feature_dims))
 
 
 def _kv_bad(k, v, w, beta) -> torch.Tensor:
     """[B, T, H] True where a token's k, v, w or beta has a non-finite entry (w [B, T, H, D]
-    or [B, T, H, R, D], beta [B, T, H] or [B, T, H, R])."""
-    return (_bad_rows(k, 1) | _bad_rows(v, 1) | _bad_rows(w, w.ndim - 3)
-            | _bad_rows(beta, beta.ndim - 3))
+    or [B, T, H, R, D], beta [B, T, H] or [B, T, H, R]). The four peaks are combined before
+    the one test (torch.maximum propagates NaN)."""
+    peak = torch.maximum(torch.maximum(_peak(k, 1), _peak(v, 1)),
+                         torch.maximum(_peak(w, w.ndim - 3), _peak(beta, beta.ndim - 3)))
+    return _bad(peak)
 
 
 def _surely_finite(x: torch.Tensor) -> bool:
@@ -70,7 +82,9 @@ def isolate_nonfinite(q, k, v, w, beta, g, cu_seqlens, clean: bool = True):
         return inputs, None
     B, T, HQ, _ = q.shape
     H = k.shape[2]
-    bad = _kv_bad(k, v, w, beta).repeat_interleave(HQ // H, dim=2)  # [B, T, HQ]
+    bad = _kv_bad(k, v, w, beta)
+    if HQ != H:
+        bad = bad.repeat_interleave(HQ // H, dim=2)  # [B, T, HQ]
     if g is not None:
         bad = bad | _bad_rows(g, 0)
     start, end = token_bounds(B, T, cu_seqlens, q.device)

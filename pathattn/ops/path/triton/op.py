@@ -34,12 +34,12 @@ from ...common.validation import check_tile_length
 from ..gates import sequence_cumsum
 from ..stages import single_reflection
 from ..validation import check_path_attn_inputs
-from ._common import block_table, interpreting, tile_kwargs, transition_dtype
+from ._common import interpreting, tile_kwargs, transition_dtype
 from .bwd import bwd_scan
 from .config import device_launch_config
-from .crossings import segment_pairs
 from .fwd import fwd_scan
-from .segments import segment_keys, segment_slots
+from .segments import segment_keys
+from .tables import call_tables
 from .ut import ut_bwd, ut_fwd
 
 __all__ = ["path_attn_triton", "run_kernels", "largest_block_size"]
@@ -108,21 +108,18 @@ def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens, pairs: bool = F
     """Block table, segment length (about sqrt of the blocks per sequence unless given) with
     the segment slots and their number (`segments.segment_slots`), with `pairs` the pair
     bases and rows of the multi-segment transitions (`crossings.segment_pairs`; else
-    None), float32 product
+    None), all of `tables.call_tables` (kept per shape for dense batches), float32 product
     precision (3xTF32 for float32 inputs: tensor cores at about float32 accuracy), the
     triton dtypes of the inputs and of the transitions' operands,
     interpreter flag, and the launch configuration (num_warps / num_stages per kernel) of
     this block size on q's device for the reflections per token of w."""
-    table, n_max = block_table(B, T, cu_seqlens, block_size, q.device)
-    seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
-    n_seq = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    slots = segment_slots(table, seg, block_size, n_seq)
-    pairs = segment_pairs(table, seg, block_size, n_max) if pairs else None
+    t = call_tables(B, T, cu_seqlens, block_size, seg, q.device, pairs)
     prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size,
                                _reflections(w))
     tdt = _TL_DTYPE[transition_dtype(q.dtype)]
-    return table, seg, slots, pairs, prec, _TL_DTYPE[q.dtype], tdt, interpreting(), cfg
+    return (t.table, t.seg, (t.slots, t.n_slots), t.pairs, prec, _TL_DTYPE[q.dtype], tdt,
+            interpreting(), cfg)
 
 
 def _reflections(w: torch.Tensor) -> int:
