@@ -35,6 +35,8 @@ from _attn_gpu import (
 from _children import run_children
 from _env import system_info
 from _gpu_fox import fox_kernels
+from _gpu_launch import child as launch_child
+from _gpu_launch import launch_settings
 from _gpu_lm import generate, lm_commands
 from _gpu_pipe import pipelining
 from _gpu_sba import sba_kernels
@@ -576,13 +578,19 @@ SECTIONS = {"environment": environment, "first_call": first_call, "triage": tria
             "speed": speed, "pipelining": pipelining, "lm_step": lm_step, "profile": profile,
             "correctness": correctness,
             "fox_kernels": fox_kernels, "sba_kernels": sba_kernels, "generate": generate,
-            "lm_commands": lm_commands}
+            "launch_settings": launch_settings, "lm_commands": lm_commands}
 
 
 def child_triage(args) -> int:
     """In a subprocess: one case of the triage section (`_gpu_triage.child`)."""
     mode = _mode(args)
     return triage_child(mode, args.child_triage, PLANS[mode].device)
+
+
+def child_launch(args) -> int:
+    """In a subprocess: one row of the launch_settings section (`_gpu_launch.child`)."""
+    mode = _mode(args)
+    return launch_child(mode, PLANS[mode], args.child_launch)
 
 
 def _mode(args) -> str:

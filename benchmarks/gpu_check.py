@@ -27,6 +27,9 @@ left are recorded as skipped:
   sba_kernels   stick-breaking kernels: the same (`_gpu_sba.py`)
   generate      ms per token of generate() after a 2048-token prompt against transformers'
                 Llama of the same size (`_gpu_lm.py`)
+  launch_settings  forward and forward + backward ms with one launch setting changed
+                (block length, blocks per segment, warps, the key kernel's tiles) against
+                the defaults, each row in its own process (`_gpu_launch.py`)
   lm_commands   pretrain / convert / eval ppl / eval longctx on the GPU for a few steps,
                 loss curves against the same runs on CPU in float32 (`_gpu_lm.py`)
 
@@ -70,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Triton cache folder to use (default: a fresh one, cold compiles)")
     p.add_argument("--child-first-call", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-triage", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-launch", default=None, type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -83,7 +87,8 @@ def prepare_env(args: argparse.Namespace) -> Path | None:
     path = os.environ.get("PYTHONPATH", "")
     if root not in path.split(os.pathsep):  # the first-call subprocesses import pathattn
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, path) if p)
-    if args.child_first_call is not None or args.child_triage is not None:
+    if any(x is not None for x in (args.child_first_call, args.child_triage,
+                                    args.child_launch)):
         return None  # the parent's cache folder, inherited
     if args.triton_cache is not None:
         os.environ["TRITON_CACHE_DIR"] = str(args.triton_cache)
@@ -103,6 +108,8 @@ def main(argv=None) -> int:
         return sections.child_first_call(args)
     if args.child_triage is not None:
         return sections.child_triage(args)
+    if args.child_launch is not None:
+        return sections.child_launch(args)
     try:
         return sections.run(args, start)
     finally:

@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # one run of ~40 s on 2 cores, shared by the tests below
 SECTIONS = ("environment", "first_call", "triage", "speed", "pipelining", "lm_step",
-            "profile", "correctness", "fox_kernels", "sba_kernels", "generate")
+            "profile", "correctness", "fox_kernels", "sba_kernels", "generate",
+            "launch_settings")
 NOT_ASKED = ("lm_commands",)
 
 
@@ -173,6 +174,21 @@ def test_pipelining_rows(smoke):
         assert _positive(r["fwd_ms"]) and _positive(r["fwdbwd_ms"])
     for r in others:
         assert _positive(r["fwd/default"]) and _positive(r["fwdbwd/default"])
+
+
+def test_launch_settings_rows(smoke):
+    """The defaults, then each smoke setting, each in its own process, timed with its ratio
+    to the defaults; the changed setting shows in the row (twice the segment length)."""
+    rows = _rows(smoke, "launch_settings")
+    assert [(r["setting"], r["value"]) for r in rows] == [
+        ("default", ""), ("seg", "x2"), ("warps", "bwd 8")]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert _positive(r["fwd_ms"]) and _positive(r["fwdbwd_ms"]) and r["seconds"] > 0
+    for r in rows[1:]:
+        assert _positive(r["fwd/default"]) and _positive(r["fwdbwd/default"])
+    assert rows[1]["seg"] == 2 * rows[0]["seg"] and rows[2]["seg"] == rows[0]["seg"]
+    assert [r["warps"] for r in rows] == ["4/4/4", "4/4/4", "4/8/4"]  # fwd / bwd / bwd_kv
 
 
 def test_profile_table(smoke):
