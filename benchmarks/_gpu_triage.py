@@ -79,8 +79,11 @@ def cases(mode: str) -> list[TriageCase]:
     # and head counts the JIT specializes (1, and 16: divisible by 16), as in the speed rows;
     # E32: the backward reading segment products 32 rows at a time through 0/1 selection
     # products, as at D 64 in the run that faulted (now whole 64-row products)
-    # D 32: 64-token blocks whose products are 32 wide (m64n32 wgmma on an H100)
+    # D 32: 64-token blocks whose products are 32 wide (m64n32 wgmma on an H100, beside
+    # m64n64 in 8 of the 11 kernels); with 32-token blocks no kernel issues wgmma (mma.sync
+    # only): if the first faults and the second does not, 32-token blocks are the fix there
     return grid + [TriageCase(32, True, 1, False, 1024),
+                   TriageCase(32, True, 1, False, 1024, block_size=32),
                    TriageCase(64, False, 1, False, 512, H=16, rows=32),
                    TriageCase(64, True, 2, False, 1024, rows=32),
                    TriageCase(64, False, 1, False, 1024, block_size=32),
