@@ -57,6 +57,10 @@ def _assert_same_launches(step) -> list:
     return real
 
 
+# the gates' sums and block offsets (`pathattn.ops.common.triton_gates`)
+GATE_KERNELS = {"_tile_cumsum_kernel", "_tile_offset_kernel", "_block_offsets_kernel"}
+
+
 @pytest.mark.parametrize("case", ["gates", "nogates-gqa", "packed", "R2-bf16"])
 def test_compile_only_pass_covers_the_real_launches(case):
     """PaTH, forward and backward: the compile-only pass submits the launches of the real
@@ -70,8 +74,9 @@ def test_compile_only_pass_covers_the_real_launches(case):
     if case == "packed":
         cu = torch.tensor([0, 7, 30, 40])
     fwd, bwd = _path_call(inputs, cu, 16, 1)
+    gates = set() if case == "nogates-gqa" else GATE_KERNELS
     assert {e[1] for e in _assert_same_launches(fwd)} == {"_ut_fwd_kernel", "_seg_kernel",
-                                                          "_fwd_kernel"}
+                                                          "_fwd_kernel"} | gates
     names = {e[1] for e in _assert_same_launches(bwd)}
     assert {"_bwd_kernel", "_bwd_kv_kernel", "_ut_bwd_kernel", "_ut_bwd_q_kernel",
             "_ut_bwd_inv_kernel", "_ut_bwd_dk_kernel"} <= names
@@ -308,10 +313,15 @@ def test_compile_ahead_through_the_real_jit(tmp_path):
     expect = {"path": {"_ut_fwd_kernel", "_seg_kernel", "_fwd_kernel", "_pi_kernel",
                        "_bwd_kernel", "_bwd_kv_kernel", "_seg_bwd_kernel", "_ut_bwd_q_kernel",
                        "_ut_bwd_kernel", "_ut_bwd_inv_kernel", "_ut_bwd_dk_kernel",
-                       "_row_dot_kernel"},
+                       "_row_dot_kernel", *GATE_KERNELS},
               "fox": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel", "_tile_cumsum_kernel",
                       "_tile_offset_kernel", "_row_dot_kernel"},
               "sba": {"_fwd_kernel", "_dq_kernel", "_dkdv_kernel"}}
+    # a kernel shared by the ops may be found compiled by an op before, with the same
+    # arguments (FoX's gate sums after PaTH's)
+    earlier: set = set()
     for op, kernels in expect.items():
         assert out[op]["again"] == [], (op, out[op])
-        assert set(out[op]["ahead"]) == kernels, (op, out[op])
+        ahead = set(out[op]["ahead"])
+        assert ahead <= kernels and kernels - ahead <= earlier, (op, out[op])
+        earlier |= ahead

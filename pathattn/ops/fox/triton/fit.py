@@ -15,18 +15,20 @@ from dataclasses import dataclass
 
 import torch
 
-from . import bwd, fwd, gates
+from ...common import triton_gates as gates
+from . import bwd, fwd
 from ._common import TL_DTYPE
 from .config import launch_config, padded_dim
 
 __all__ = ["Specialization", "specializations", "KERNEL_NAMES"]
 
 # cumsum / offset: the forward's prefix sums of the gates (input dtype), *_rev: the
-# backward's suffix sums of dL/dG (float32)
+# backward's suffix sums of dL/dG (float32); offsets_<BT>: the gates' block offsets per
+# tile length
 KERNEL_NAMES = ("fwd", "dkdv", "dq", "cumsum", "offset", "cumsum_rev", "offset_rev")
 _TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _FLOAT64 = {"G_ptr", "out_ptr", "total_ptr"}  # gates.py's outputs are float64
-_FLOAT32 = {"lse_ptr", "delta_ptr", "dcol_ptr", "drow_ptr", "gs_ptr", "ge_ptr"}
+_FLOAT32 = {"lse_ptr", "delta_ptr", "dcol_ptr", "drow_ptr", "gs_ptr", "ge_ptr", "offs_ptr"}
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,18 @@ def specializations(D: int, dtype: torch.dtype, group: int = 1, heads: int = 32
         out.append(Specialization(name, fn, sig, {**common, **extra, "BT": cfg.tile(name),
                                                   "STAGES": launch["stages"]},
                                   attrs, launch["num_warps"]))
-    BH = min(32, 1 << (max(heads, 1) - 1).bit_length())  # `gates.sequence_cumsum`
+    BH = gates.head_tile(heads)
     for suffix, x_dtype, reverse, tile in (("", _TT[dtype], False, "fwd"),
                                            ("_rev", "fp32", True, "dq")):
-        for name, fn, extra in (("cumsum", gates._tile_cumsum_kernel, {}),
+        for name, fn, extra in (("cumsum", gates._tile_cumsum_kernel, {"FINITE": False}),
                                 ("offset", gates._tile_offset_kernel, {"BB": 32})):
             sig, attrs = _signature(fn, dtype, x_dtype)
             out.append(Specialization(name + suffix, fn, sig,
                                       {"REVERSE": reverse, "BT": cfg.tile(tile), "BH": BH,
                                        **extra}, attrs, 4))
+    # the gates' block offsets, once per tile length of fwd, dkdv, dq
+    for BT in sorted({cfg.tile(k) for k in ("fwd", "dkdv", "dq")}):
+        sig, attrs = _signature(gates._block_offsets_kernel, dtype)
+        out.append(Specialization(f"offsets_{BT}", gates._block_offsets_kernel, sig,
+                                  {"BT": BT, "BH": BH}, attrs, 4))
     return out

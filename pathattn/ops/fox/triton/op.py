@@ -19,16 +19,15 @@ from typing import Optional
 
 import torch
 
-from ...common.layout import token_bounds
 from ...common.row_dot import row_dot
-from ...common.token_blocks import block_gate_offsets, token_tile_table
+from ...common.token_blocks import token_tile_table
+from ...common.triton_gates import block_offsets, sequence_cumsum
 from ...common.triton_launch import compile_ahead, grad_follows, specialisation
 from ...common.validation import check_tile_length as check_block_size
 from ._common import TL_DTYPE, interpreting
 from .bwd import key_grads, query_grads
 from .config import launch_config, padded_dim
 from .fwd import fox_forward
-from .gates import sequence_cumsum
 
 __all__ = ["fox_attn_triton", "check_block_size"]
 
@@ -61,11 +60,10 @@ class _Launch:
 
     def gate_offsets(self, G: torch.Tensor, kernel: str) -> torch.Tensor:
         """G's float32 offsets to the first and last token of `kernel`'s tiles, [2, HQ, N]
-        (`block_gate_offsets`), once per tile length."""
+        (`common.triton_gates.block_offsets`), once per tile length."""
         BT = self.cfg.tile(kernel)
         if ("gates", BT) not in self._tables:
-            start, end = token_bounds(self.B, self.T, self.cu_seqlens, G.device)
-            self._tables[("gates", BT)] = block_gate_offsets(G, start, end, BT)
+            self._tables[("gates", BT)] = block_offsets(G, self.table(kernel), BT)
         return self._tables[("gates", BT)]
 
     def kwargs(self, kernel: str) -> dict:

@@ -26,12 +26,10 @@ import triton
 import triton.language as tl
 
 from ...common.heads import default_scale
-from ...common.layout import token_bounds
 from ...common.row_dot import row_dot
-from ...common.token_blocks import block_gate_offsets
+from ...common.triton_gates import block_offsets, sequence_cumsum
 from ...common.triton_launch import compile_ahead, grad_follows, specialisation, specialised
 from ...common.validation import check_tile_length
-from ..gates import sequence_cumsum
 from ..stages import single_reflection
 from ..validation import check_path_attn_inputs
 from ._common import interpreting, tile_kwargs, transition_dtype
@@ -82,26 +80,22 @@ def _unflat_reflections(dw: torch.Tensor, dbeta: torch.Tensor, w: torch.Tensor,
             dbeta.view(B, T, R, H).transpose(2, 3).contiguous())
 
 
-def _cumulative_gates(g, B, T, cu_seqlens, block_size: int):
+def _cumulative_gates(g, table: torch.Tensor, block_size: int):
     """The scans' gates (None without g): G [B * T, HQ] float64, the per-sequence cumulative
-    sum of the log forget gates (no sum crosses a sequence, see `pathattn.ops.path.gates`;
-    non-finite gates read as 0), and its float32 offsets to each block's first and last
-    token [2, HQ, B * T] (`block_gate_offsets`)."""
+    sum of the log forget gates (no sum crosses a sequence; non-finite gates read as 0),
+    and its float32 offsets to each block's first and last token [2, HQ, B * T]
+    (`block_gate_offsets`): three kernels of `pathattn.ops.common.triton_gates` over the
+    block table."""
     if g is None:
         return None
-    start, end = token_bounds(B, T, cu_seqlens, g.device)
-    g64 = torch.nan_to_num(_flat(g).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    G = sequence_cumsum(g64, start, end,
-                        row_length=T if cu_seqlens is None else None).contiguous()
-    return G, block_gate_offsets(G, start, end, block_size)
+    G = sequence_cumsum(_flat(g), table, block_size, finite=True)
+    return G, block_offsets(G, table, block_size)
 
 
-def _gate_grad(dG, B, T, cu_seqlens):
-    """dL/dg [B * T, HQ] from dG = dL/dG [B * T, HQ] (`bwd.bwd_scan`):
+def _gate_grad(dG, table: torch.Tensor, block_size: int):
+    """dL/dg [B * T, HQ] float64 from dG = dL/dG [B * T, HQ] (`bwd.bwd_scan`):
     dL/dg_t = sum of dL/dG_s over s >= t in t's sequence."""
-    start, end = token_bounds(B, T, cu_seqlens, dG.device)
-    return sequence_cumsum(dG.to(torch.float64), start, end, reverse=True,
-                           row_length=T if cu_seqlens is None else None)
+    return sequence_cumsum(dG, table, block_size, reverse=True)
 
 
 def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens, pairs: bool = False):
@@ -177,7 +171,7 @@ def _forward(q, k, v, w, beta, g, cu_seqlens, scale: float, block_size: int, seg
     u, kt, m, xinv, wt, vc = ut_fwd(kf, vf, wf, bf, table, block_size, tiles["BD"],
                                     tiles["BDV"], prec, transition_dtype(q.dtype),
                                     cfg.launch_kwargs("ut_fwd"))
-    G = _cumulative_gates(g, B, T, cu_seqlens, block_size)
+    G = _cumulative_gates(g, table, block_size)
     ks, ms, _ = segment_keys(wt, u, kt, table, slots, n_slots, seg, block_size, BD, prec, dt,
                              tdt, emulate, _reflections(w), launch=cfg.launch_kwargs("seg"))
     o, lse = fwd_scan(qf, kf, vc, wt, u, kt, m, G, ks, ms, slots, table, scale, seg,
@@ -254,7 +248,7 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
                                cfg.launch_kwargs("ut_bwd_q"), cfg.launch_kwargs("ut_bwd_inv"),
                                cfg.launch_kwargs("ut_bwd_dk"))
     dg = (q.new_empty(0) if g is None
-          else _gate_grad(dG, B, T, cu_seqlens).to(g.dtype).view(g.shape))
+          else _gate_grad(dG, table, block_size).to(g.dtype).view(g.shape))
     dw, dbeta = _unflat_reflections(dw, dbeta, w, beta)
     return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv), dw, dbeta,
             dg)
