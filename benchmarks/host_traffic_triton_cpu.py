@@ -24,7 +24,6 @@ called it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
@@ -34,7 +33,13 @@ os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors through backend="triton"; no
 
 import torch  # noqa: E402
 from _attn_gpu import candidates  # noqa: E402  (benchmarks/ is on sys.path)
-from memory_triton_cpu import _fla, _stand_in_h100  # noqa: E402
+from memory_triton_cpu import (  # noqa: E402
+    _fla,
+    _stand_in_h100,
+    add_shape_args,
+    shapes,
+    write_json,
+)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
@@ -151,15 +156,11 @@ def _fox_candidates(B: int, T: int, H: int, D: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seq-lens", default="2048")
-    p.add_argument("--tokens", type=int, default=32768, help="B * T")
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--head-dim", type=int, default=64)
+    add_shape_args(p, "2048")
     p.add_argument("--ops", action="store_true", help="list the operations and their callers")
     p.add_argument("--min-mib", type=float, default=1.0,
                    help="--ops lists operations and callers moving at least this many MiB")
     p.add_argument("--op", choices=("path", "fox"), default="path")
-    p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     _stand_in_h100()
     import pathattn.ops.path.nonfinite as nonfinite
@@ -169,8 +170,7 @@ def main(argv=None) -> int:
     rows = []
     print("| T | B | gates | ours calls | ours MiB | ours H100 ms | fla calls | fla MiB "
           "| fla H100 ms |\n|---|---|---|---|---|---|---|---|---|")
-    for T in (int(t) for t in a.seq_lens.split(",")):
-        B = max(1, a.tokens // T)
+    for T, B in shapes(a):
         for gates in (False, True) if a.op == "path" else (True,):
             cands = (_fox_candidates(B, T, a.heads, a.head_dim) if a.op == "fox" else
                      candidates(B, T, a.heads, a.head_dim, torch.bfloat16, gates,
@@ -186,9 +186,7 @@ def main(argv=None) -> int:
             if a.ops:
                 for n, t in counted.items():
                     _print_ops(f"{n} T={T} gates={'on' if gates else 'off'}", t, a.min_mib)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_json(a.json, rows)
     return 0
 
 

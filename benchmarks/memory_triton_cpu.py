@@ -89,20 +89,36 @@ def peak_extra_mib(fn) -> float:
     return peak / 2**20
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seq-lens", default="2048,8192,16384")
+def add_shape_args(p: argparse.ArgumentParser, seq_lens: str) -> None:
+    """The shape options of the CPU-counted Triton benchmarks (and --json)."""
+    p.add_argument("--seq-lens", default=seq_lens)
     p.add_argument("--tokens", type=int, default=32768, help="B * T")
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--json", default=None)
+
+
+def shapes(a: argparse.Namespace):
+    """(T, B) per --seq-lens entry, B = max(1, --tokens // T)."""
+    for T in (int(t) for t in a.seq_lens.split(",")):
+        yield T, max(1, a.tokens // T)
+
+
+def write_json(path: str | None, rows: list) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_shape_args(p, "2048,8192,16384")
     a = p.parse_args(argv)
     _stand_in_h100()
     fla = _fla()
     rows = []
     print("| T | B | gates | ours MiB | fla MiB | ours / fla |\n|---|---|---|---|---|---|")
-    for T in (int(t) for t in a.seq_lens.split(",")):
-        B = max(1, a.tokens // T)
+    for T, B in shapes(a):
         for gates in (False, True):
             cands = candidates(B, T, a.heads, a.head_dim, torch.bfloat16, gates,
                                torch.device("cpu"), fla, names=("fla", "path"))
@@ -114,9 +130,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"| {T} | {B} | {'on' if gates else 'off'} | {ours:.1f} | "
                   f"{'n/a' if theirs is None else f'{theirs:.1f}'} | {ratio} |", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(a.json, rows)
     return 0
 
 

@@ -18,23 +18,35 @@ import triton
 import triton.language as tl
 
 from .triton_launch import launch_kernel
+from .triton_tiles import helper
 
 __all__ = ["sequence_cumsum", "block_offsets", "head_tile"]
+
+
+@helper
+def _tile(table_ptr, HQ, BT: tl.constexpr, BH: tl.constexpr):
+    """The program's tile (table row program_id(0), heads tile program_id(1)): its first
+    token t0, its sequence's first token s0 and end s1, the heads and their mask, and the
+    offsets and mask of its [BT, BH] entries of a token-major [N, HQ] array. The tile is
+    empty when t0 >= s1."""
+    blk = tl.program_id(0)
+    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    hmask = heads < HQ
+    t0 = tl.load(table_ptr + blk * 3)
+    s0 = tl.load(table_ptr + blk * 3 + 1)
+    s1 = tl.load(table_ptr + blk * 3 + 2)
+    rows = t0 + tl.arange(0, BT)
+    offs = rows.to(tl.int64)[:, None] * HQ + heads[None, :]
+    return t0, s0, s1, heads, hmask, offs, (rows < s1)[:, None] & hmask[None, :]
 
 
 @triton.jit
 def _tile_cumsum_kernel(x_ptr, out_ptr, total_ptr, table_ptr, HQ, REVERSE: tl.constexpr,
                         BT: tl.constexpr, BH: tl.constexpr, FINITE: tl.constexpr = False):
     blk = tl.program_id(0)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
-    hmask = heads < HQ
-    t0 = tl.load(table_ptr + blk * 3)
-    s1 = tl.load(table_ptr + blk * 3 + 2)
+    t0, _, s1, heads, hmask, offs, mask = _tile(table_ptr, HQ, BT, BH)
     if t0 >= s1:
         return
-    rows = t0 + tl.arange(0, BT)
-    offs = rows.to(tl.int64)[:, None] * HQ + heads[None, :]
-    mask = (rows < s1)[:, None] & hmask[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float64)  # [BT, BH]
     if FINITE:  # non-finite entries read as 0 (NaN fails the comparison too)
         x = tl.where(tl.abs(x) < float("inf"), x, 0.0)
@@ -46,11 +58,7 @@ def _tile_cumsum_kernel(x_ptr, out_ptr, total_ptr, table_ptr, HQ, REVERSE: tl.co
 def _tile_offset_kernel(out_ptr, total_ptr, table_ptr, HQ, REVERSE: tl.constexpr,
                         BT: tl.constexpr, BH: tl.constexpr, BB: tl.constexpr):
     blk = tl.program_id(0)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
-    hmask = heads < HQ
-    t0 = tl.load(table_ptr + blk * 3)
-    s0 = tl.load(table_ptr + blk * 3 + 1)
-    s1 = tl.load(table_ptr + blk * 3 + 2)
+    t0, s0, s1, heads, hmask, offs, mask = _tile(table_ptr, HQ, BT, BH)
     if t0 >= s1:
         return
     a = (t0 - s0) // BT  # this tile's index in its sequence
@@ -63,12 +71,9 @@ def _tile_offset_kernel(out_ptr, total_ptr, table_ptr, HQ, REVERSE: tl.constexpr
     acc = tl.zeros([BH], dtype=tl.float64)
     for b0 in range(0, n, BB):
         idx = b0 + tl.arange(0, BB)
-        offs = (first + idx).to(tl.int64)[:, None] * HQ + heads[None, :]
-        t = tl.load(total_ptr + offs, mask=(idx < n)[:, None] & hmask[None, :], other=0.0)
+        toffs = (first + idx).to(tl.int64)[:, None] * HQ + heads[None, :]
+        t = tl.load(total_ptr + toffs, mask=(idx < n)[:, None] & hmask[None, :], other=0.0)
         acc += tl.sum(t, axis=0)
-    rows = t0 + tl.arange(0, BT)
-    offs = rows.to(tl.int64)[:, None] * HQ + heads[None, :]
-    mask = (rows < s1)[:, None] & hmask[None, :]
     tl.store(out_ptr + offs, tl.load(out_ptr + offs, mask=mask, other=0.0) + acc[None, :],
              mask=mask)
 
@@ -96,20 +101,14 @@ def sequence_cumsum(x: torch.Tensor, table: torch.Tensor, BT: int,
 @triton.jit
 def _block_offsets_kernel(G_ptr, offs_ptr, table_ptr, NTOK, HQ, BT: tl.constexpr,
                           BH: tl.constexpr):
-    blk = tl.program_id(0)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
-    hmask = heads < HQ
-    t0 = tl.load(table_ptr + blk * 3)
-    s1 = tl.load(table_ptr + blk * 3 + 2)
+    t0, _, s1, heads, hmask, offs, mask = _tile(table_ptr, HQ, BT, BH)
     if t0 >= s1:
         return
-    rows = t0 + tl.arange(0, BT)
-    mask = (rows < s1)[:, None] & hmask[None, :]
-    G = tl.load(G_ptr + rows.to(tl.int64)[:, None] * HQ + heads[None, :], mask=mask,
-                other=0.0)  # [BT, BH] float64
+    G = tl.load(G_ptr + offs, mask=mask, other=0.0)  # [BT, BH] float64
     last = tl.minimum(t0 + BT, s1) - 1
     first_g = tl.load(G_ptr + t0.to(tl.int64) * HQ + heads, mask=hmask, other=0.0)
     last_g = tl.load(G_ptr + last.to(tl.int64) * HQ + heads, mask=hmask, other=0.0)
+    rows = t0 + tl.arange(0, BT)
     out = heads.to(tl.int64)[None, :] * NTOK + rows[:, None]  # head-major [2, HQ, NTOK]
     tl.store(offs_ptr + out, (G - first_g[None, :]).to(tl.float32), mask=mask)
     tl.store(offs_ptr + HQ * NTOK + out, (G - last_g[None, :]).to(tl.float32), mask=mask)
@@ -122,8 +121,9 @@ def block_offsets(G: torch.Tensor, table: torch.Tensor, BT: int) -> torch.Tensor
     N, HQ = G.shape
     G = G.contiguous()
     out = torch.empty(2, HQ, N, dtype=torch.float32, device=G.device)
-    launch_kernel(_block_offsets_kernel, (table.shape[0], triton.cdiv(HQ, head_tile(HQ))))(
-        G, out, table, N, HQ, BT=BT, BH=head_tile(HQ), num_warps=4, num_stages=1)
+    BH = head_tile(HQ)
+    launch_kernel(_block_offsets_kernel, (table.shape[0], triton.cdiv(HQ, BH)))(
+        G, out, table, N, HQ, BT=BT, BH=BH, num_warps=4, num_stages=1)
     return out
 
 

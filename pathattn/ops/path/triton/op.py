@@ -250,7 +250,7 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
     dg = (q.new_empty(0) if g is None
           else _gate_grad(dG, table, block_size).to(g.dtype).view(g.shape))
     dw, dbeta = _unflat_reflections(dw, dbeta, w, beta)
-    return (dq.view(q.shape), dk.view(k.shape), dv.to(v.dtype).view(B, T, H, Dv), dw, dbeta,
+    return (dq.view(q.shape), dk.view(k.shape), dv.view(B, T, H, Dv), dw, dbeta,
             dg)
 
 
