@@ -57,11 +57,19 @@ from ._common import (
     reflection_tile,
     row_offsets,
     tile_ptrs,
+    transition_dtype,
 )
 from .bwd_kv import launch_bwd_kv
 from .crossings import pair_index, segment_products
 from .fwd import apply_transition, key_block_logits, query_block_start
-from .segments import cross_back, segment_grads, segment_keys, times_e
+from .segments import (
+    cross_back,
+    cross_back_sliced,
+    segment_grads,
+    segment_keys,
+    times_e,
+    times_e_sliced,
+)
 
 __all__ = ["bwd_scan"]
 
@@ -169,7 +177,8 @@ def _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr, v_ptr
 def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr, ge_ptr,
                 ks_ptr, ms_ptr,
                 pi_ptr, dms_ptr, slot_ptr, pbase_ptr, do_ptr, lse_ptr, delta_ptr, dqt_ptr,
-                ys_ptr, ysd_ptr, yc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr,
+                ys_ptr, ysd_ptr, yc_ptr, ysc_ptr, gsc_ptr, dsd_ptr, dv_ptr, dkt_ptr, du_ptr,
+                dwp_ptr, dgate_ptr,
                 table_ptr, scale, SEG, HQ, H, D, DV, NTOK, G: tl.constexpr,
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
@@ -222,6 +231,9 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
     xa_ptrs = tile_ptrs(dqt_ptr, rows, HQ * D, hq * D, cols)
     ytop_ptrs = tile_ptrs(ys_ptr, rows, HQ * D, hq * D, cols)
     yc_ptrs = tile_ptrs(yc_ptr, rows, HQ * D, hq * D, cols)
+    if BK < BD:  # y and g in the transitions' dtype, read back BK columns at a time
+        ysc_ptrs = tile_ptrs(ysc_ptr, rows, HQ * D, hq * D, cols)
+        gsc_ptrs = tile_ptrs(gsc_ptr, rows, HQ * D, hq * D, cols)
     tl.store(xa_ptrs, xa, mask=smask)
     tl.store(ytop_ptrs, ytop, mask=smask)
     tl.store(tile_ptrs(ysd_ptr, rows, HQ * D, hq * D, cols), ytop, mask=smask)  # for bwd_kv
@@ -230,13 +242,28 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
     base = tl.load(pbase_ptr + blk)
     for sc in range(0, sa):  # earlier segments, left to right
         tl.debug_barrier()  # every thread has read the last segment's y before it is replaced
-        y = tl.load(ytop_ptrs, mask=smask, other=0.0)
-        if sc < sa - 1:  # across segments sa - 1, ..., sc + 1 at once: y Pi_{sa-1,sc}
-            y = times_e(y, pi_ptr, pair_index(base, sa - 1, sc), h, H, cols, BD, BK, PREC,
-                        TDT, EMULATE)
-        if sc > 0:  # entering segment sc across M_sc: dM_sc += y^T g, g <- g M_sc^T
-            g = cross_back(y, g, ms_ptr, dms_ptr, slot + sc, h, H, cols, BD, BK, PREC, TDT,
-                           EMULATE)
+        if BK == BD:
+            y = tl.load(ytop_ptrs, mask=smask, other=0.0)
+            if sc < sa - 1:  # across segments sa - 1, ..., sc + 1 at once: y Pi_{sa-1,sc}
+                y = times_e(y, pi_ptr, pair_index(base, sa - 1, sc), h, H, cols, BD, BK,
+                            PREC, TDT, EMULATE)
+            if sc > 0:  # entering segment sc across M_sc: dM_sc += y^T g, g <- g M_sc^T
+                g = cross_back(y, g, ms_ptr, dms_ptr, slot + sc, h, H, cols, BD, PREC, TDT,
+                               EMULATE)
+        else:  # BK columns of y and g at a time, read from memory (no selection products)
+            if sc < sa - 1:
+                y = times_e_sliced(ys_ptr, rows, rmask, HQ * D, hq * D, D, pi_ptr,
+                                   pair_index(base, sa - 1, sc), h, H, BT, BD, BK, PREC, TDT,
+                                   EMULATE)
+            else:
+                y = tl.load(ytop_ptrs, mask=smask, other=0.0)
+            if sc > 0:
+                tl.store(ysc_ptrs, y.to(TDT), mask=smask)
+                tl.store(gsc_ptrs, g.to(TDT), mask=smask)
+                tl.debug_barrier()
+                g = cross_back_sliced(ysc_ptr, gsc_ptr, rows, rmask, HQ * D, hq * D, D, g,
+                                      ms_ptr, dms_ptr, slot + sc, h, H, BT, BD, BK, PREC, TDT,
+                                      EMULATE)
         tl.store(yc_ptrs, y.to(DT), mask=smask)  # only an operand of S = y Ks^T below
         tl.debug_barrier()
         # plain attention, as the forward met these blocks, PIPE loads in flight
@@ -324,12 +351,18 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     dG = torch.zeros(N, HQ, **f32) if G is not None else None
     dms = torch.zeros(ms.shape, **f32)  # gradients of the segment transitions
     g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
+    # y and g crossing a segment, read back BK columns at a time (BK < BD)
+    ysc, gsc = ((torch.empty(N, HQ, D, dtype=transition_dtype(q.dtype), device=q.device)
+                 for _ in range(2))
+                if BK < BD else (u, u))
     launch_kernel(_bwd_kernel, (table.shape[0], HQ))(
         q, k, v, w, u, kt, m, g64, gs, ge, ks, ms, pi, dms, slots, pbase, do,
-        lse, delta, dqt, ys, ysd, yc, dsd, dv, dkt, du, dwp, dG if dG is not None else lse, table,
+        lse, delta, dqt, ys, ysd, yc, ysc, gsc, dsd, dv, dkt, du, dwp,
+        dG if dG is not None else lse, table,
         scale, seg, HQ, H, D, Dv, N, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV,
         BK=BK, DT=dt, TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R),
         **(launch or {}))
+    del ysc, gsc, yc, ys  # the query kernel's work buffers, free for the key kernel's
     dks, dvq = launch_bwd_kv(ks, v, pi, pbase, G, ysd, do, lse, delta, dG, dv, table, seg, BT,
                              BD, BDV, BKV, dt, prec, emulate, kv_tiles, kv_launch)
     # without GQA the key kernel finished dv (v's dtype); else sum a key head's query heads

@@ -35,15 +35,16 @@ import triton.language as tl
 
 from ...common.triton_launch import launch_kernel
 from ._common import block_ptrs, exp_ftz, gate_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
-from .crossings import pair_index, times_et
-from .segments import times_e
+from .crossings import pair_index, times_et, times_et_sliced
+from .segments import times_e, times_e_sliced
 
 __all__ = ["launch_bwd_kv"]
 
 
 @triton.jit
 def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_ptr, lse_ptr,
-                   delta_ptr, dks_ptr, dv_ptr, dvq_ptr, dgate_ptr, table_ptr, SEG, HQ, H, D, DV,
+                   delta_ptr, dks_ptr, dksc_ptr, dv_ptr, dvq_ptr, dgate_ptr, table_ptr, SEG, HQ,
+                   H, D, DV,
                    NTOK, G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BKT: tl.constexpr,
                    BQ: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, BK: tl.constexpr,
                    DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
@@ -84,10 +85,15 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
     dks_ptrs = block_ptrs(dks_ptr, k0, tl.arange(0, BKT), HQ * D, hq * D, cols)
     tl.store(dks_ptrs, tl.zeros([BKT, BD], dtype=tl.float32), mask=kmask)
     for p in range(s + 1, n_seg):  # later segments, left to right: K' = Ks Pi_{p-1,s}^T
-        Ks = load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask)
-        if p - 1 != s:  # K' in the operand dtype, as Ks (half the registers of float32)
-            Ks = times_et(Ks, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, BK, DT,
-                          PREC, EMULATE).to(DT)
+        if p - 1 == s:
+            Ks = load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask)
+        elif BK == BD:  # K' in the operand dtype, as Ks (half the registers of float32)
+            Ks = times_et(load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask), pi_ptr,
+                          pair_index(base, p - 1, s), h, H, cols, BD, DT, PREC, EMULATE).to(DT)
+        else:  # BK columns of Ks at a time, read from memory
+            Ks = times_et_sliced(ks_ptr, rows, rmask, H * D, h * D, D, pi_ptr,
+                                 pair_index(base, p - 1, s), h, H, BKT, BD, BK, DT, PREC,
+                                 EMULATE).to(DT)
         dK = tl.zeros([BKT, BD], dtype=tl.float32)
         q0 = s0 + p * SEG * BT  # the segment's queries, BQ at a time
         n_q = (tl.minimum(q0 + SEG * BT, s1) - q0 + BQ - 1) // BQ
@@ -115,8 +121,17 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
             if HAS_G:
                 dcol += tl.sum(dST, axis=1)
         if p - 1 != s:
-            dK = times_e(dK, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, BK, PREC, DT,
-                         EMULATE)
+            if BK == BD:
+                dK = times_e(dK, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, BK, PREC,
+                             DT, EMULATE)
+            else:  # dK in DT through memory, read back BK columns at a time
+                dksc_ptrs = block_ptrs(dksc_ptr, k0, tl.arange(0, BKT), HQ * D, hq * D, cols)
+                tl.debug_barrier()  # every thread has read the last segment's dK
+                tl.store(dksc_ptrs, dK.to(DT), mask=kmask)
+                tl.debug_barrier()
+                dK = times_e_sliced(dksc_ptr, rows, rmask, HQ * D, hq * D, D, pi_ptr,
+                                    pair_index(base, p - 1, s), h, H, BKT, BD, BK, PREC, DT,
+                                    EMULATE)
         tl.store(dks_ptrs, tl.load(dks_ptrs, mask=kmask, other=0.0) + dK, mask=kmask)
     if G == 1:  # the finished gradient, in v's dtype
         tl.store(tile_ptrs(dvq_ptr, rows, H * DV, h * DV, vcols), dV, mask=vtile)
@@ -147,8 +162,10 @@ def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, dv, table, seg: i
     g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
     if G is not None:  # each query row's own gate term, G_i - G_a0, taken out of its lse
         lse = (lse - gs.t()).contiguous()
+    # dK crossing segments, read back BK columns at a time (BK < BD)
+    dksc = torch.empty(N, HQ, D, dtype=ks.dtype, device=ks.device) if BK < BD else ys
     launch_kernel(_bwd_kv_kernel, (table.shape[0] * (BT // BKT), HQ))(
-        ks, v, pi, pbase, g64, ge, ys, do, lse, delta, dks, dv, dvq,
+        ks, v, pi, pbase, g64, ge, ys, do, lse, delta, dks, dksc, dv, dvq,
         dG if dG is not None else lse, table, seg, HQ, H, D, Dv, N, G=HQ // H,
         HAS_G=G is not None, BT=BT, BKT=BKT, BQ=BQ, BD=BD, BDV=BDV, BK=BK, DT=dt, PREC=prec,
         EMULATE=emulate, **(launch or {}))

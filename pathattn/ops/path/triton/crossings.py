@@ -23,10 +23,10 @@ import triton
 import triton.language as tl
 
 from ...common.triton_launch import launch_kernel
-from ._common import device_fn, e_offsets, mm_lp
+from ._common import device_fn, e_offsets, load_raw, mm_lp
 from .segments import times_e
 
-__all__ = ["segment_pairs", "segment_products", "pair_index", "times_et"]
+__all__ = ["segment_pairs", "segment_products", "pair_index", "times_et", "times_et_sliced"]
 
 
 def segment_pairs(table: torch.Tensor, seg: int, BT: int, n_max: int
@@ -99,18 +99,26 @@ def segment_products(ms, table, slots, pbase, n_pairs: int, seg: int, BT: int, B
 
 
 @device_fn
-def times_et(y, e_ptr, row, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
-             DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
-    """y E^T for E of row `row`, head h of a [*, H, BD, BD] table, over BK rows of E at a
-    time (the output's columns k0 .. k0 + BK - 1 are y E[k0:k0+BK]^T, placed with a 0/1
-    selection product, exact). Operands in DT, float32 accumulation."""
-    if BK == BD:
-        E = tl.load(e_ptr + e_offsets(row, h, H, cols, cols, BD))
-        return mm_lp(y, tl.trans(E), DT, PREC, EMULATE)
+def times_et(y, e_ptr, row, h, H, cols, BD: tl.constexpr, DT: tl.constexpr,
+             PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """y E^T for E of row `row`, head h of a [*, H, BD, BD] table, E read whole (past
+    BD = 64, `times_et_sliced`). Operands in DT, float32 accumulation."""
+    E = tl.load(e_ptr + e_offsets(row, h, H, cols, cols, BD))
+    return mm_lp(y, tl.trans(E), DT, PREC, EMULATE)
+
+
+@device_fn
+def times_et_sliced(y_ptr, rows, rmask, stride, col0, D, e_ptr, row, h, H, BR: tl.constexpr,
+                    BD: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+                    PREC: tl.constexpr, EMULATE: tl.constexpr):
+    """y E^T as `times_et` for y [BR, BD] held in memory (y_ptr's rows `rows`, columns
+    col0 + 0 .. D - 1, zero past rmask), read BK columns at a time: y E^T = sum_k y[:, k]
+    E[:, k]^T, with no selection products."""
     ck = tl.arange(0, BK)
-    out = tl.zeros(y.shape, dtype=tl.float32)
+    cols = tl.arange(0, BD)
+    out = tl.zeros([BR, BD], dtype=tl.float32)
     for k0 in range(0, BD, BK):
-        sel = tl.where(ck[:, None] + k0 == cols[None, :], 1.0, 0.0)  # [BK, BD]
-        Ek = tl.load(e_ptr + e_offsets(row, h, H, k0 + ck, cols, BD))  # [BK, BD]
-        out += mm_lp(mm_lp(y, tl.trans(Ek), DT, PREC, EMULATE), sel, DT, PREC, EMULATE)
+        yk = load_raw(y_ptr, rows, rmask, stride, col0 + k0, ck, k0 + ck < D)  # [BR, BK]
+        Ek = tl.load(e_ptr + e_offsets(row, h, H, cols, k0 + ck, BD))  # E[:, k0 + ck]
+        out += mm_lp(yk, tl.trans(Ek), DT, PREC, EMULATE)
     return out

@@ -77,8 +77,9 @@ _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl
 # (`_common.transition_dtype`); every other pointer is a float32 work buffer
 _INPUT_PTRS = {"q_ptr", "k_ptr", "v_ptr", "w_ptr", "beta_ptr", "do_ptr", "o_ptr", "dq_ptr",
                "dk_ptr", "dw_ptr", "dbeta_ptr", "kt_ptr", "vc_ptr", "ks_ptr", "ysd_ptr",
-               "yc_ptr"}
-_TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr", "ms_ptr", "pi_ptr"}
+               "yc_ptr", "dksc_ptr"}
+_TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr", "ms_ptr", "pi_ptr", "ysc_ptr", "gsc_ptr",
+                    "xsc_ptr"}
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,9 @@ from ._common import (
     reflection_tokens,
     row_offsets,
     tile_ptrs,
+    transition_dtype,
 )
-from .segments import times_e
+from .segments import times_e, times_e_sliced
 
 __all__ = ["fwd_scan"]
 
@@ -156,7 +157,8 @@ def _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask, HAS_G: tl.c
 
 @triton.jit
 def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr, ge_ptr,
-                ks_ptr, ms_ptr, slot_ptr, o_ptr, lse_ptr, table_ptr, scale, SEG, HQ, H, D, DV,
+                ks_ptr, ms_ptr, slot_ptr, xsc_ptr, o_ptr, lse_ptr, table_ptr, scale, SEG, HQ, H,
+                D, DV,
                 NTOK, G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                 BDV: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
                 PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
@@ -207,7 +209,15 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                     HAS_G, BT, DT, PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
             slot = tl.load(slot_ptr + blk) - sa + sc  # the slot of segment sc
-            x = times_e(x, ms_ptr, slot, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+            if BK == BD:
+                x = times_e(x, ms_ptr, slot, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+            else:  # x in TDT through memory, read back BK columns at a time
+                xsc_ptrs = tile_ptrs(xsc_ptr, rows, HQ * D, hq * D, cols)
+                tl.debug_barrier()  # every thread has read the last crossing's x
+                tl.store(xsc_ptrs, x.to(TDT), mask=rmask[:, None] & cmask[None, :])
+                tl.debug_barrier()
+                x = times_e_sliced(xsc_ptr, rows, rmask, HQ * D, hq * D, D, ms_ptr, slot, h,
+                                   H, BT, BD, BK, PREC, TDT, EMULATE)
     o = acc / l_i[:, None]
     tl.store(tile_ptrs(o_ptr, rows, HQ * DV, hq * DV, vcols), o,
              mask=rmask[:, None] & vmask[None, :])
@@ -230,8 +240,11 @@ def fwd_scan(q, k, v, w, u, kt, m, G, ks, ms, slots, table, scale: float, seg: i
     lse = torch.empty(N, HQ, dtype=torch.float32, device=q.device)
     grid = (table.shape[0], HQ)
     g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
+    # the state crossing a segment, read back BK columns at a time (BK < BD)
+    xsc = (torch.empty(N, HQ, D, dtype=transition_dtype(q.dtype), device=q.device)
+           if BK < BD else u)
     launch_kernel(_fwd_kernel, grid)(
-        q, k, v, w, u, kt, m, g64, gs, ge, ks, ms, slots, o, lse, table, scale, seg, HQ, H, D,
+        q, k, v, w, u, kt, m, g64, gs, ge, ks, ms, slots, xsc, o, lse, table, scale, seg, HQ, H, D,
         Dv, N, G=HQ // H, HAS_G=G is not None, BT=BT, BD=BD, BDV=BDV, BK=BK, DT=dt,
         TDT=tdt, PREC=prec, EMULATE=emulate, R=R, BTR=reflection_tile(BT, R), **(launch or {}))
     return o, lse

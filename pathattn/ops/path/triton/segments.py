@@ -53,7 +53,8 @@ from ._common import (
     tile_offsets,
 )
 
-__all__ = ["segment_slots", "segment_keys", "segment_grads", "times_e", "cross_back"]
+__all__ = ["segment_slots", "segment_keys", "segment_grads", "times_e", "cross_back",
+           "times_e_sliced", "cross_back_sliced"]
 
 
 def segment_slots(table: torch.Tensor, seg: int, BT: int, n_seq: int
@@ -210,28 +211,16 @@ def segment_grads(w, u, kt, e, dks, dms, table, slots, seg: int, BT: int, BD: in
 
 
 @device_fn
-def cross_back(y, g, ms_ptr, dms_ptr, slot, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
-               PREC: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
+def cross_back(y, g, ms_ptr, dms_ptr, slot, h, H, cols, BD: tl.constexpr, PREC: tl.constexpr,
+               TDT: tl.constexpr, EMULATE: tl.constexpr):
     """The backward walk entering segment s across its transition M = M_s (table row slot,
-    head h): with y = y^(s) and g the adjoint of y^(s-1) = y^(s) M, adds y^T g to dM and
-    returns g M^T (the adjoint's share of y^(s)); BK rows of M at a time, the column slices
-    taken with 0/1 selection products (exact) as in `times_e`."""
-    if BK == BD:
-        tl.atomic_add(dms_ptr + e_offsets(slot, h, H, cols, cols, BD),
-                      mm_lp(tl.trans(y), g, TDT, PREC, EMULATE), sem="relaxed")
-        M = tl.load(ms_ptr + e_offsets(slot, h, H, cols, cols, BD))
-        return mm_lp(g, tl.trans(M), TDT, PREC, EMULATE)
-    ck = tl.arange(0, BK)
-    out = tl.zeros(g.shape, dtype=tl.float32)
-    for k0 in range(0, BD, BK):
-        sel = tl.where(cols[:, None] == k0 + ck[None, :], 1.0, 0.0)  # [BD, BK]
-        yk = mm_lp(y, sel, TDT, PREC, EMULATE)  # y[:, k0 + ck]
-        tl.atomic_add(dms_ptr + e_offsets(slot, h, H, k0 + ck, cols, BD),
-                      mm_lp(tl.trans(yk), g, TDT, PREC, EMULATE), sem="relaxed")
-        Mk = tl.load(ms_ptr + e_offsets(slot, h, H, k0 + ck, cols, BD))  # [BK, BD]
-        out += mm_lp(mm_lp(g, tl.trans(Mk), TDT, PREC, EMULATE), tl.trans(sel), TDT, PREC,
-                     EMULATE)
-    return out
+    head h), M read whole: with y = y^(s) and g the adjoint of y^(s-1) = y^(s) M, adds
+    y^T g to dM and returns g M^T (the adjoint's share of y^(s)). Past BD = 64,
+    `cross_back_sliced`."""
+    tl.atomic_add(dms_ptr + e_offsets(slot, h, H, cols, cols, BD),
+                  mm_lp(tl.trans(y), g, TDT, PREC, EMULATE), sem="relaxed")
+    M = tl.load(ms_ptr + e_offsets(slot, h, H, cols, cols, BD))
+    return mm_lp(g, tl.trans(M), TDT, PREC, EMULATE)
 
 
 @device_fn
@@ -251,3 +240,42 @@ def times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
         Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
         x += mm_lp(mm_lp(y, sel, TDT, PREC, EMULATE), Ek, TDT, PREC, EMULATE)
     return x
+
+
+@device_fn
+def times_e_sliced(y_ptr, rows, rmask, stride, col0, D, e_ptr, blk, h, H, BT: tl.constexpr,
+                   BD: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                   TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """y E as `times_e` for y [BT, BD] held in memory (y_ptr's rows `rows`, columns col0 +
+    0 .. D - 1, zero past rmask), read BK columns at a time: y E = sum_k y[:, k] E[k, :]
+    with no selection products. The same roundings as `times_e`."""
+    ck = tl.arange(0, BK)
+    cols = tl.arange(0, BD)
+    x = tl.zeros([BT, BD], dtype=tl.float32)
+    for k0 in range(0, BD, BK):
+        yk = load_raw(y_ptr, rows, rmask, stride, col0 + k0, ck, k0 + ck < D)  # [BT, BK]
+        Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
+        x += mm_lp(yk, Ek, TDT, PREC, EMULATE)
+    return x
+
+
+@device_fn
+def cross_back_sliced(y_ptr, g_ptr, rows, rmask, stride, col0, D, g, ms_ptr, dms_ptr, slot,
+                      h, H, BT: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr,
+                      PREC: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """`cross_back` past BD = 64, M read BK columns at a time, with y and g also held in
+    memory in TDT (y_ptr, g_ptr; rows and columns as `times_e_sliced`): dM[k, :] +=
+    y[:, k]^T g and g M^T = sum_k g[:, k] M[:, k]^T, accumulated in float32, with no
+    selection products."""
+    ck = tl.arange(0, BK)
+    cols = tl.arange(0, BD)
+    out = tl.zeros([BT, BD], dtype=tl.float32)
+    for k0 in range(0, BD, BK):
+        kmask = k0 + ck < D
+        yk = load_raw(y_ptr, rows, rmask, stride, col0 + k0, ck, kmask)  # [BT, BK]
+        tl.atomic_add(dms_ptr + e_offsets(slot, h, H, k0 + ck, cols, BD),
+                      mm_lp(tl.trans(yk), g, TDT, PREC, EMULATE), sem="relaxed")
+        gk = load_raw(g_ptr, rows, rmask, stride, col0 + k0, ck, kmask)
+        Mk = tl.load(ms_ptr + e_offsets(slot, h, H, cols, k0 + ck, BD))  # M[:, k0 + ck]
+        out += mm_lp(gk, tl.trans(Mk), TDT, PREC, EMULATE)
+    return out

@@ -10,10 +10,13 @@
     (ptxas's fallback without .maxnreg);
 (f) `fit` runs ptxas with the register-allocation flags of the installed Triton;
 (g) on sm_90 at D = 64, no kernel issues a wgmma narrower than 64 columns beside wider
-    ones (`inspect_kernels.narrow_beside_wide`; `ONE_WGMMA_WIDTH`).
+    ones (`inspect_kernels.narrow_beside_wide`; `ONE_WGMMA_WIDTH`);
+(h) at D = 128 the scan kernels cross segments with one product per slice of a segment
+    product, no selection products (`SLICE_PRODUCTS`).
 
 Configurations (`CASES`): bfloat16; D 64 and 128; gates on and off; R 1 and 2; every
-kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices. The figures are
+kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices, the scan kernels
+at D 64 and 128. The figures are
 those of the installed Triton; benchmarks/README.md shows how to run this file with
 another version (the GPU runs used Triton 3.6). Compilation needs TRITON_INTERPRET unset,
 which the test session sets, so the kernels compile in child processes (two at a time),
@@ -42,6 +45,7 @@ from pathattn.ops.path.triton import inspect_kernels as ik  # noqa: E402
 from pathattn.ops.path.triton.config import (  # noqa: E402
     H100_SHARED,
     KERNELS,
+    kv_tiles,
     launch_config,
 )
 from pathattn.ops.path.triton.fit import compile_kernel  # noqa: E402
@@ -54,6 +58,7 @@ CASES = {
     "sm90-D64-gates-R1": ("sm_90", 64, True, 1, KERNELS),
     "sm80-D64-R1": ("sm_80", 64, False, 1, ("fwd", "bwd", "bwd_kv", "seg_bwd", "ut_bwd")),
     "sm90-D128-R2": ("sm_90", 128, False, 2, ("fwd", "ut_fwd")),
+    "sm90-D128-gates-R1": ("sm_90", 128, True, 1, ("fwd", "bwd", "bwd_kv")),
 }
 # one program per query block walking the key blocks, or (bwd_kv) per key block walking
 # the query blocks of later segments
@@ -100,12 +105,16 @@ def mma_cap(kernel: str, capability: int, gates: bool = False) -> int:
 # 2026-11-27; benchmarks/README.md has the table), and seg_bwd / ut_bwd on sm_80, compiled
 # here since 2026-11-29: each is a strict xfail, so a kernel that meets its goal fails the
 # test until its entry is removed here
-_H, _A = "sm90-D64-gates-R1", "sm80-D64-R1"
+_H, _A, _L = "sm90-D64-gates-R1", "sm80-D64-R1", "sm90-D128-gates-R1"
 REDESIGN_PENDING = {
     ("spills", "bwd", _H),
     *(("spills", k, _A) for k in ("fwd", "bwd", "seg_bwd", "ut_bwd")),
     *(("loop_spills", "bwd", c) for c in (_H, _A)),
     ("loop_spills", "seg_bwd", _A),  # 302 spill loads / stores per block walked
+    # D = 128 (32-token blocks, mma.sync), added 2026-12-02: forward 80 bytes, none in
+    # loops; backward query kernel 1,648 bytes, 87 spill loads / stores in its loops
+    *(("spills", k, _L) for k in ("fwd", "bwd")),
+    ("loop_spills", "bwd", _L),
 }
 
 
@@ -312,6 +321,42 @@ def test_no_atomics_in_the_block_pairs_of_earlier_segments(reports, case):
     kv = reports.get(f"{case}/bwd_kv")
     if kv is not None:
         assert kv.atomics_in_loops == {} and kv.atomics_outside_loops == {}
+
+
+# D = 128: a segment product read 32 rows at a time, against 32 columns of the other operand
+# read from memory (`segments.times_e_sliced`, `cross_back_sliced`,
+# `crossings.times_et_sliced`): per slice one [rows, 32] x [32, 128] product (two in
+# cross_back_sliced: dM's slice and g M^T's term), rows / 2 mma.sync per warp (m16n8k16, 4
+# warps; rows: the block, or bwd_kv's key tile); 0/1 selection products would double it
+SLICE_PRODUCTS = {("segments.py", "times_e_sliced"): 1, ("segments.py", "cross_back_sliced"): 2,
+                  ("crossings.py", "times_et_sliced"): 1}
+
+
+def _slice_product_mma(kernel: str, BT: int) -> int:
+    rows = kv_tiles(90, 128, torch.bfloat16, BT)[0] if kernel == "bwd_kv" else BT
+    return rows * 128 * 32 // (16 * 8 * 16) // 4
+
+
+def _slice_loop_lines() -> dict[str, int]:
+    """"file:line" of the slice loop of each function in SLICE_PRODUCTS -> its products."""
+    out = {}
+    for (name, fn), n in SLICE_PRODUCTS.items():
+        src = (ROOT / "pathattn/ops/path/triton" / name).read_text().splitlines()
+        start = next(i for i, t in enumerate(src) if t.startswith(f"def {fn}("))
+        line = next(i + 1 for i in range(start, len(src)) if "for k0 in range(" in src[i])
+        out[f"{name}:{line}"] = n
+    return out
+
+
+@pytest.mark.parametrize("kernel", CASES[_L][-1])
+def test_segment_slices_take_one_product_each(reports, kernel):
+    r = reports[f"{_L}/{kernel}"]
+    assert r.config["BT"] == 32
+    lines = _slice_loop_lines()
+    found = [x for x in r.loops if x.loc in lines]
+    assert found, f"{kernel}: no slice loop among {[x.loc for x in r.loops]}"
+    for x in found:
+        assert x.mma_own == lines[x.loc] * _slice_product_mma(kernel, 32), (x, lines[x.loc])
 
 
 def test_exponentials_take_one_instruction():

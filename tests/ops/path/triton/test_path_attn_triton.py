@@ -83,17 +83,19 @@ def test_gates_with_64_token_blocks(dtype):
     assert all(e_ours[n] <= 2 * e_plain[n] + 1e-5 for n in e_ours), (e_ours, e_plain)
 
 
+@pytest.mark.parametrize("D", [32, 24], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("gates", [True, False], ids=["gates", "nogates"])
-def test_segment_products_read_in_row_slices(monkeypatch, gates):
-    """Past D = 64 the kernels read a segment product (M, Pi) a slice of rows at a time and
-    place the slices with 0/1 selection products (`segments.times_e`, `cross_back`,
-    `crossings.times_et`); here at D = 32 with 8-row slices, every segment crossed: forward
-    and every gradient against the float64 reference."""
+def test_segment_products_read_in_row_slices(monkeypatch, gates, D):
+    """Past D = 64 the kernels read a segment product (M, Pi) a slice at a time: the scans
+    with the matching column slices of the state, keys or gradient read back from memory
+    (`segments.times_e_sliced`, `cross_back_sliced`, `crossings.times_et_sliced`), the Pi
+    kernel placing them with 0/1 selection products (`segments.times_e`); here at D = 32
+    and 24 (padded to 32) with 8-row slices, every segment crossed: forward and every
+    gradient against the float64 reference."""
     from pathattn.ops.path.triton.config import LaunchConfig
 
     for name in ("e_rows", "m_rows", "kv_rows"):
         monkeypatch.setattr(LaunchConfig, name, lambda self, BD: min(BD, 8))
-    D = 32
     inputs = make_inputs(1, 80, 2, 1, D, D, gates)
     dout = make_dout(1, 80, 2, D)
     ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, block_size=16, seg=1)
