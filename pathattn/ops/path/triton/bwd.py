@@ -245,7 +245,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         if BK == BD:
             y = tl.load(ytop_ptrs, mask=smask, other=0.0)
             if sc < sa - 1:  # across segments sa - 1, ..., sc + 1 at once: y Pi_{sa-1,sc}
-                y = times_e(y, pi_ptr, pair_index(base, sa - 1, sc), h, H, cols, BD, BK,
+                y = times_e(y, pi_ptr, pair_index(base, sa - 1, sc), h, H, cols, BD,
                             PREC, TDT, EMULATE)
             if sc > 0:  # entering segment sc across M_sc: dM_sc += y^T g, g <- g M_sc^T
                 g = cross_back(y, g, ms_ptr, dms_ptr, slot + sc, h, H, cols, BD, PREC, TDT,

@@ -122,8 +122,8 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
                 dcol += tl.sum(dST, axis=1)
         if p - 1 != s:
             if BK == BD:
-                dK = times_e(dK, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, BK, PREC,
-                             DT, EMULATE)
+                dK = times_e(dK, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, PREC, DT,
+                             EMULATE)
             else:  # dK in DT through memory, read back BK columns at a time
                 dksc_ptrs = block_ptrs(dksc_ptr, k0, tl.arange(0, BKT), HQ * D, hq * D, cols)
                 tl.debug_barrier()  # every thread has read the last segment's dK

@@ -308,7 +308,7 @@ class LaunchConfig:
     def e_rows(self, BD: int) -> int:
         """Rows of a segment product (M, Pi) the backward's query kernel and the Pi kernel
         read at a time for padded head dim BD: all of them up to BD = 64 (one product per
-        segment crossed, no 0/1 selection products), else min(BD, BK)."""
+        segment crossed), else min(BD, BK) (`segments.times_e_sliced`)."""
         return BD if BD <= 64 else min(BD, self.BK)
 
     def m_rows(self, BD: int) -> int:

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ...common.triton_launch import launch_kernel
 from ._common import device_fn, e_offsets, load_raw, mm_lp
-from .segments import times_e
+from .segments import times_e, times_e_sliced
 
 __all__ = ["segment_pairs", "segment_products", "pair_index", "times_et", "times_et_sliced"]
 
@@ -77,11 +77,18 @@ def _pi_kernel(ms_ptr, pi_ptr, slot_ptr, pbase_ptr, table_ptr, H, SEG, BT: tl.co
     slot0 = tl.load(slot_ptr + blk) - q  # slot of the sequence's segment 0
     base = tl.load(pbase_ptr + blk)
     P = tl.load(ms_ptr + e_offsets(slot0 + q, h, H, rr, cols, BD)).to(tl.float32)
-    tl.store(pi_ptr + e_offsets(pair_index(base, q, q - 1), h, H, rr, cols, BD), P)
+    prev = pair_index(base, q, q - 1)
+    tl.store(pi_ptr + e_offsets(prev, h, H, rr, cols, BD), P)
     for i in range(0, q - 1):  # s = q - 2, ..., 0
         s = q - 2 - i
-        P = times_e(P, ms_ptr, slot0 + s + 1, h, H, cols, BD, BK, PREC, TDT, EMULATE)
-        tl.store(pi_ptr + e_offsets(pair_index(base, q, s), h, H, rr, cols, BD), P)
+        if BK == BD:
+            P = times_e(P, ms_ptr, slot0 + s + 1, h, H, cols, BD, PREC, TDT, EMULATE)
+        else:  # BK columns of the P just stored at a time, read back from the table
+            tl.debug_barrier()  # every thread's rows of P are stored
+            P = times_e_sliced(pi_ptr, rr, rr < BD, BD, (prev * H + h).to(tl.int64) * BD * BD,
+                               BD, ms_ptr, slot0 + s + 1, h, H, BR, BD, BK, PREC, TDT, EMULATE)
+        prev = pair_index(base, q, s)
+        tl.store(pi_ptr + e_offsets(prev, h, H, rr, cols, BD), P)
 
 
 def segment_products(ms, table, slots, pbase, n_pairs: int, seg: int, BT: int, BD: int,

@@ -210,7 +210,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
             slot = tl.load(slot_ptr + blk) - sa + sc  # the slot of segment sc
             if BK == BD:
-                x = times_e(x, ms_ptr, slot, h, H, cols, BD, BK, PREC, TDT, EMULATE)
+                x = times_e(x, ms_ptr, slot, h, H, cols, BD, PREC, TDT, EMULATE)
             else:  # x in TDT through memory, read back BK columns at a time
                 xsc_ptrs = tile_ptrs(xsc_ptr, rows, HQ * D, hq * D, cols)
                 tl.debug_barrier()  # every thread has read the last crossing's x

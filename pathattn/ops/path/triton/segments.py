@@ -224,22 +224,12 @@ def cross_back(y, g, ms_ptr, dms_ptr, slot, h, H, cols, BD: tl.constexpr, PREC: 
 
 
 @device_fn
-def times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, BK: tl.constexpr,
-            PREC: tl.constexpr, TDT: tl.constexpr, EMULATE: tl.constexpr):
-    """y E for E of row blk, head h of a [*, H, BD, BD] table of products (E or M), over BK
-    rows of E at a time: y E = sum_k y[:, k] E[k, :], the column slice y[:, k] taken by a
-    product with a 0/1 selection matrix (exact: one nonzero term per output). A [BD, BD]
-    float32 operand would need BD * BD * 4 bytes of shared memory (256 KiB at BD = 256)."""
-    if BK == BD:
-        return mm_lp(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), TDT, PREC,
-                     EMULATE)
-    ck = tl.arange(0, BK)
-    x = tl.zeros(y.shape, dtype=tl.float32)
-    for k0 in range(0, BD, BK):
-        sel = tl.where(cols[:, None] == k0 + ck[None, :], 1.0, 0.0)  # [BD, BK]
-        Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
-        x += mm_lp(mm_lp(y, sel, TDT, PREC, EMULATE), Ek, TDT, PREC, EMULATE)
-    return x
+def times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, PREC: tl.constexpr,
+            TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """y E for E of row blk, head h of a [*, H, BD, BD] table of products (E or M), E read
+    whole. Past BD = 64 a whole float32 [BD, BD] operand would hold 128 registers per
+    thread at BD = 128, so the kernels read E a slice at a time (`times_e_sliced`)."""
+    return mm_lp(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), TDT, PREC, EMULATE)
 
 
 @device_fn
@@ -247,8 +237,8 @@ def times_e_sliced(y_ptr, rows, rmask, stride, col0, D, e_ptr, blk, h, H, BT: tl
                    BD: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
                    TDT: tl.constexpr, EMULATE: tl.constexpr):
     """y E as `times_e` for y [BT, BD] held in memory (y_ptr's rows `rows`, columns col0 +
-    0 .. D - 1, zero past rmask), read BK columns at a time: y E = sum_k y[:, k] E[k, :]
-    with no selection products. The same roundings as `times_e`."""
+    0 .. D - 1, zero past rmask) and E read BK rows at a time: y E = sum_k y[:, k] E[k, :],
+    y's column slices read from memory. The same roundings as `times_e`."""
     ck = tl.arange(0, BK)
     cols = tl.arange(0, BD)
     x = tl.zeros([BT, BD], dtype=tl.float32)

@@ -11,12 +11,12 @@
 (f) `fit` runs ptxas with the register-allocation flags of the installed Triton;
 (g) on sm_90 at D = 64, no kernel issues a wgmma narrower than 64 columns beside wider
     ones (`inspect_kernels.narrow_beside_wide`; `ONE_WGMMA_WIDTH`);
-(h) at D = 128 the scan kernels cross segments with one product per slice of a segment
-    product, no selection products (`SLICE_PRODUCTS`).
+(h) at D = 128 the scan kernels and the Pi kernel take one product per slice of a
+    segment product, no selection products (`SLICE_PRODUCTS`).
 
 Configurations (`CASES`): bfloat16; D 64 and 128; gates on and off; R 1 and 2; every
 kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices, the scan kernels
-at D 64 and 128. The figures are
+and `pi` at D 64 and 128. The figures are
 those of the installed Triton; benchmarks/README.md shows how to run this file with
 another version (the GPU runs used Triton 3.6). Compilation needs TRITON_INTERPRET unset,
 which the test session sets, so the kernels compile in child processes (two at a time),
@@ -58,7 +58,7 @@ CASES = {
     "sm90-D64-gates-R1": ("sm_90", 64, True, 1, KERNELS),
     "sm80-D64-R1": ("sm_80", 64, False, 1, ("fwd", "bwd", "bwd_kv", "seg_bwd", "ut_bwd")),
     "sm90-D128-R2": ("sm_90", 128, False, 2, ("fwd", "ut_fwd")),
-    "sm90-D128-gates-R1": ("sm_90", 128, True, 1, ("fwd", "bwd", "bwd_kv")),
+    "sm90-D128-gates-R1": ("sm_90", 128, True, 1, ("fwd", "pi", "bwd", "bwd_kv")),
 }
 # one program per query block walking the key blocks, or (bwd_kv) per key block walking
 # the query blocks of later segments
@@ -327,7 +327,8 @@ def test_no_atomics_in_the_block_pairs_of_earlier_segments(reports, case):
 # read from memory (`segments.times_e_sliced`, `cross_back_sliced`,
 # `crossings.times_et_sliced`): per slice one [rows, 32] x [32, 128] product (two in
 # cross_back_sliced: dM's slice and g M^T's term), rows / 2 mma.sync per warp (m16n8k16, 4
-# warps; rows: the block, or bwd_kv's key tile); 0/1 selection products would double it
+# warps; rows: the block, bwd_kv's key tile or pi's 32 rows); 0/1 selection products
+# would double it
 SLICE_PRODUCTS = {("segments.py", "times_e_sliced"): 1, ("segments.py", "cross_back_sliced"): 2,
                   ("crossings.py", "times_et_sliced"): 1}
 

@@ -86,12 +86,11 @@ def test_gates_with_64_token_blocks(dtype):
 @pytest.mark.parametrize("D", [32, 24], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("gates", [True, False], ids=["gates", "nogates"])
 def test_segment_products_read_in_row_slices(monkeypatch, gates, D):
-    """Past D = 64 the kernels read a segment product (M, Pi) a slice at a time: the scans
-    with the matching column slices of the state, keys or gradient read back from memory
-    (`segments.times_e_sliced`, `cross_back_sliced`, `crossings.times_et_sliced`), the Pi
-    kernel placing them with 0/1 selection products (`segments.times_e`); here at D = 32
-    and 24 (padded to 32) with 8-row slices, every segment crossed: forward and every
-    gradient against the float64 reference."""
+    """Past D = 64 the kernels read a segment product (M, Pi) a slice at a time, with the
+    matching column slices of the state, keys, gradient or previous product read back from
+    memory (`segments.times_e_sliced`, `cross_back_sliced`, `crossings.times_et_sliced`);
+    here at D = 32 and 24 (padded to 32) with 8-row slices, every segment crossed: forward
+    and every gradient against the float64 reference."""
     from pathattn.ops.path.triton.config import LaunchConfig
 
     for name in ("e_rows", "m_rows", "kv_rows"):
