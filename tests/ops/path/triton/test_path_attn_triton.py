@@ -102,6 +102,18 @@ def test_segment_products_read_in_row_slices(monkeypatch, gates, D):
     assert_close_to_reference(ours, ref, F32_TOL)
 
 
+def test_segment_slices_at_head_dim_96():
+    """The slices as the launcher sets them past D = 64: D = 96 (padded to 128, 32-row
+    slices, the last one a quarter masked), GQA, 16-token blocks in segments of one block,
+    so that every segment is crossed and the Pi chains are three products long: forward and
+    every gradient against the float64 reference."""
+    inputs = make_inputs(1, 64, 2, 1, 96, 32, True)
+    dout = make_dout(1, 64, 2, 32)
+    ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, block_size=16, seg=1)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout)
+    assert_close_to_reference(ours, ref, F32_TOL)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_first_gate_of_each_sequence_has_no_gradient(dtype):
     """The gate of a sequence's first token adds the same constant to every logit of the
