@@ -227,8 +227,8 @@ def cross_back(y, g, ms_ptr, dms_ptr, slot, h, H, cols, BD: tl.constexpr, PREC: 
 def times_e(y, e_ptr, blk, h, H, cols, BD: tl.constexpr, PREC: tl.constexpr,
             TDT: tl.constexpr, EMULATE: tl.constexpr):
     """y E for E of row blk, head h of a [*, H, BD, BD] table of products (E or M), E read
-    whole. Past BD = 64 a whole float32 [BD, BD] operand would hold 128 registers per
-    thread at BD = 128, so the kernels read E a slice at a time (`times_e_sliced`)."""
+    whole (up to BD = 64; past that a whole tile would hold BD * BD / 128 values per thread
+    of 4 warps, so the kernels read it a slice at a time: `times_e_sliced`)."""
     return mm_lp(y, tl.load(e_ptr + e_offsets(blk, h, H, cols, cols, BD)), TDT, PREC, EMULATE)
 
 
