@@ -22,7 +22,6 @@ with `_gpu_sections.Context`.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from _children import run_children
 
 from pathattn.ops.path.triton import config
 from pathattn.ops.path.triton.op import path_attn_triton
+from pathattn.ops.path.triton.tables import default_seg
 
 __all__ = ["launch_settings", "settings", "child"]
 
@@ -55,8 +55,7 @@ def settings(smoke: bool) -> list[tuple[str, str, dict]]:
 
 
 def _default_seg(T: int, BT: int) -> int:
-    n = -(-T // BT)
-    return math.isqrt(max(n - 1, 0)) + 1
+    return default_seg(-(-T // BT))
 
 
 def _row(device: torch.device, plan, shape: tuple, change: dict) -> dict:

@@ -165,10 +165,11 @@ def _layout(c: TriageCase, q: torch.Tensor) -> dict:
     """The block length, blocks per segment and segments of the longest sequence that the
     Triton op picks for this case."""
     from pathattn.ops.path.triton.config import device_launch_config
+    from pathattn.ops.path.triton.tables import default_seg
 
     BT = c.block_size or device_launch_config(c.D, c.D, q.dtype, q.device).BT
     n_max = -(-c.T // BT)  # the op's bound of a sequence's blocks (B = 1 when packed)
-    seg = math.isqrt(max(n_max - 1, 0)) + 1
+    seg = default_seg(n_max)
     longest = max(c.lens) if c.packed else c.T
     return {"BT": BT, "seg": seg, "n_seg": math.ceil(math.ceil(longest / BT) / seg)}
 

@@ -36,7 +36,7 @@ import triton.language as tl
 from ...common.triton_launch import launch_kernel
 from ._common import block_ptrs, exp_ftz, gate_ptrs, load_raw, mm_lp, row_offsets, tile_ptrs
 from .crossings import pair_index, times_et, times_et_sliced
-from .segments import times_e, times_e_sliced
+from .segments import times_e, times_e_stored
 
 __all__ = ["launch_bwd_kv"]
 
@@ -125,11 +125,7 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
                 dK = times_e(dK, pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, PREC, DT,
                              EMULATE)
             else:  # dK in DT through memory, read back BK columns at a time
-                dksc_ptrs = block_ptrs(dksc_ptr, k0, tl.arange(0, BKT), HQ * D, hq * D, cols)
-                tl.debug_barrier()  # every thread has read the last segment's dK
-                tl.store(dksc_ptrs, dK.to(DT), mask=kmask)
-                tl.debug_barrier()
-                dK = times_e_sliced(dksc_ptr, rows, rmask, HQ * D, hq * D, D, pi_ptr,
+                dK = times_e_stored(dK, dksc_ptr, rows, rmask, HQ * D, hq * D, D, pi_ptr,
                                     pair_index(base, p - 1, s), h, H, BKT, BD, BK, PREC, DT,
                                     EMULATE)
         tl.store(dks_ptrs, tl.load(dks_ptrs, mask=kmask, other=0.0) + dK, mask=kmask)

@@ -57,7 +57,7 @@ from ._common import (
     tile_ptrs,
     transition_dtype,
 )
-from .segments import times_e, times_e_sliced
+from .segments import times_e, times_e_stored
 
 __all__ = ["fwd_scan"]
 
@@ -212,12 +212,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
             if BK == BD:
                 x = times_e(x, ms_ptr, slot, h, H, cols, BD, PREC, TDT, EMULATE)
             else:  # x in TDT through memory, read back BK columns at a time
-                xsc_ptrs = tile_ptrs(xsc_ptr, rows, HQ * D, hq * D, cols)
-                tl.debug_barrier()  # every thread has read the last crossing's x
-                tl.store(xsc_ptrs, x.to(TDT), mask=rmask[:, None] & cmask[None, :])
-                tl.debug_barrier()
-                x = times_e_sliced(xsc_ptr, rows, rmask, HQ * D, hq * D, D, ms_ptr, slot, h,
-                                   H, BT, BD, BK, PREC, TDT, EMULATE)
+                x = times_e_stored(x, xsc_ptr, rows, rmask, HQ * D, hq * D, D, ms_ptr, slot,
+                                   h, H, BT, BD, BK, PREC, TDT, EMULATE)
     o = acc / l_i[:, None]
     tl.store(tile_ptrs(o_ptr, rows, HQ * DV, hq * DV, vcols), o,
              mask=rmask[:, None] & vmask[None, :])

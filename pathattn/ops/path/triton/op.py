@@ -18,7 +18,6 @@ backward's when an input requires grad (`pathattn.ops.common.triton_launch.compi
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -37,7 +36,7 @@ from .bwd import bwd_scan
 from .config import device_launch_config
 from .fwd import fwd_scan
 from .segments import segment_keys
-from .tables import call_tables
+from .tables import call_tables, default_seg
 from .ut import ut_bwd, ut_fwd
 
 __all__ = ["path_attn_triton", "run_kernels", "largest_block_size"]
@@ -128,7 +127,7 @@ def _compile_key(step: str, q, k, v, w, beta, g, cu_seqlens, block_size: int, se
     uses (`_setup`)."""
     B, T = q.shape[:2]
     n_max = -(-(T if cu_seqlens is None else B * T) // block_size)
-    seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
+    seg = seg if seg > 0 else default_seg(n_max)
     return ("path", step, q.device, specialisation(q, k, v, w, beta, g),
             cu_seqlens is None, block_size, specialised(seg))
 

@@ -51,10 +51,11 @@ from ._common import (
     mm_lp,
     reflection_tile,
     tile_offsets,
+    tile_ptrs,
 )
 
 __all__ = ["segment_slots", "segment_keys", "segment_grads", "times_e", "cross_back",
-           "times_e_sliced", "cross_back_sliced"]
+           "times_e_sliced", "times_e_stored", "cross_back_sliced"]
 
 
 def segment_slots(table: torch.Tensor, seg: int, BT: int, n_seq: int
@@ -247,6 +248,22 @@ def times_e_sliced(y_ptr, rows, rmask, stride, col0, D, e_ptr, blk, h, H, BT: tl
         Ek = tl.load(e_ptr + e_offsets(blk, h, H, k0 + ck, cols, BD))  # [BK, BD]
         x += mm_lp(yk, Ek, TDT, PREC, EMULATE)
     return x
+
+
+@device_fn
+def times_e_stored(x, buf_ptr, rows, rmask, stride, col0, D, e_ptr, blk, h, H,
+                   BT: tl.constexpr, BD: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                   TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """`times_e_sliced` for x [BT, BD] held in registers: x is first written in TDT to its
+    rows of buf_ptr (rows, columns col0 + 0 .. D - 1), between two barriers (every thread
+    has read the buffer's last contents, then every thread's rows are written)."""
+    cols = tl.arange(0, BD)
+    tl.debug_barrier()
+    tl.store(tile_ptrs(buf_ptr, rows, stride, col0, cols), x.to(TDT),
+             mask=rmask[:, None] & (cols < D)[None, :])
+    tl.debug_barrier()
+    return times_e_sliced(buf_ptr, rows, rmask, stride, col0, D, e_ptr, blk, h, H, BT, BD,
+                          BK, PREC, TDT, EMULATE)
 
 
 @device_fn

@@ -21,7 +21,7 @@ from ._common import block_table
 from .crossings import segment_pairs
 from .segments import segment_slots
 
-__all__ = ["CallTables", "call_tables", "CACHE_SIZE"]
+__all__ = ["CallTables", "call_tables", "default_seg", "CACHE_SIZE"]
 
 CACHE_SIZE = 32
 _CACHE: OrderedDict = OrderedDict()
@@ -40,9 +40,15 @@ class CallTables(NamedTuple):
     pairs: tuple[torch.Tensor, int] | None
 
 
+def default_seg(n_max: int) -> int:
+    """Blocks per segment when the call gives none, for sequences of at most n_max blocks:
+    about sqrt(n_max), the smallest s with s * s >= n_max (1 for n_max <= 1)."""
+    return math.isqrt(max(n_max - 1, 0)) + 1
+
+
 def _build(B: int, T: int, cu_seqlens, BT: int, seg: int, device, pairs: bool) -> CallTables:
     table, n_max = block_table(B, T, cu_seqlens, BT, device)
-    seg = seg if seg > 0 else math.isqrt(max(n_max - 1, 0)) + 1
+    seg = seg if seg > 0 else default_seg(n_max)
     n_seq = B if cu_seqlens is None else cu_seqlens.numel() - 1
     slots, n_slots = segment_slots(table, seg, BT, n_seq)
     return CallTables(table, n_max, seg, slots, n_slots,
