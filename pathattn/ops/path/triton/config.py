@@ -181,9 +181,13 @@ SHARED_BYTES_REFLECTIONS = {
 # (architecture, padded head dim, 16-bit inputs) -> (BKT, BQ) of the backward's key-parallel
 # kernel, capped at the block length: the largest tiles whose kernel keeps 0 spills, or the
 # fewest, at 4 warps (compiled ahead of time; 8 warps spill less but leave one block per
-# SM). Head dims not listed take whole blocks.
+# SM). Head dims not listed take whole blocks. sm_90, D 128, bf16: whole 32-token blocks,
+# which spill 168 to 312 B, 7 to 16 spill loads / stores per segment
+# crossed and none in the loop over query steps, which issues 0.63-0.67x the instructions
+# per key-query pair of (16, 32), the largest spill-free tiles (Triton 3.6 and 3.9, gates on
+# and off; `benchmarks/static_vs_fla.py`).
 KV_TILES = {
-    (90, 64, True): (64, 64), (90, 128, True): (16, 32), (90, 256, True): (16, 16),
+    (90, 64, True): (64, 64), (90, 128, True): (32, 32), (90, 256, True): (16, 16),
     (90, 64, False): (16, 32), (90, 128, False): (16, 16), (90, 256, False): (16, 16),
     (80, 64, True): (32, 32), (80, 128, True): (16, 16), (80, 256, True): (16, 16),
     (80, 64, False): (32, 16), (80, 128, False): (16, 16), (80, 256, False): (16, 16),

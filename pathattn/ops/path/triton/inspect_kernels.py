@@ -47,7 +47,7 @@ from ...common.ptx_parse import statements
 
 __all__ = ["SM_LIMITS", "KernelReport", "LoopInfo", "SassLoop", "analyze", "atomic_order",
            "blocks_per_sm", "disassemble", "grid_configs", "inspect_kernel", "inspect_jit",
-           "narrow_beside_wide", "ordered_atomics_in_loops"]
+           "mma_fma", "narrow_beside_wide", "ordered_atomics_in_loops"]
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,8 @@ def _ptx_insts(ptx: str) -> list[_Inst | str]:
     return out
 
 
-_SASS_LINE = re.compile(r"/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# the opcode keeps its modifiers, the lowercase x of a shape included (HGMMA.64x64x16.F32)
+_SASS_LINE = re.compile(r"/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]*)\s*([^;]*);")
 
 
 def _sass_insts(sass: str) -> list[_Inst | str]:
@@ -254,6 +255,27 @@ def _is_mma_sass(op: str) -> bool:
     return op.split(".")[0].endswith("MMA")
 
 
+# mma.sync shapes of the SASS (HMMA.<m><n><k>) -> multiply-adds per warp
+_HMMA_FMA = {"16816": 16 * 8 * 16, "1688": 16 * 8 * 8, "16832": 16 * 8 * 32, "884": 8 * 8 * 4}
+
+
+def mma_fma(op: str) -> int:
+    """Multiply-adds one warp's issue of a SASS MMA instruction stands for, a TF32 one
+    counted twice (half the rate of 16-bit operands): HGMMA.MxNxK is a warpgroup's
+    M x N x K product, a quarter of it per warp; HMMA.<shape> one warp's. 0 for any other
+    instruction; a ValueError for an MMA shape not known here."""
+    if not _is_mma_sass(op):
+        return 0
+    parts = op.split(".")
+    if parts[0] == "HGMMA" and (m := re.fullmatch(r"(\d+)x(\d+)x(\d+)", parts[1])):
+        fma = int(m.group(1)) * int(m.group(2)) * int(m.group(3)) // 4
+    elif parts[0] == "HMMA" and len(parts) > 1 and parts[1] in _HMMA_FMA:
+        fma = _HMMA_FMA[parts[1]]
+    else:
+        raise ValueError(f"MMA instruction of unknown shape: {op}")
+    return fma * (2 if "TF32" in parts else 1)
+
+
 def _loop_stats(insts, is_mma) -> tuple[list[LoopInfo], int, LoopInfo | None, list, frozenset]:
     """Loops, total MMA, the block-pair loop (None: no loop has MMA), the basic blocks and
     the set of those inside a loop."""
@@ -304,6 +326,8 @@ class KernelReport:
     config: dict | None = None  # the pathattn launch it stands for (kernel, D, dtype, ...)
     sass_loops: tuple | None = None  # SassLoop per SASS loop, in code order
     wgmma_widths: tuple = ()  # the N of the kernel's wgmma instructions (m64nNk*), sorted
+    sass_instructions: int | None = None  # in the whole kernel, each counted once
+    sass_fma: int | None = None  # `mma_fma` of the whole kernel's MMA, each counted once
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -327,6 +351,7 @@ class SassLoop:
     instructions: int
     local: int
     mma: int
+    fma: int = 0  # multiply-adds of its MMA instructions per warp (`mma_fma`)
 
 
 def analyze(ptx: str, sass: str | None = None) -> dict:
@@ -354,7 +379,9 @@ def analyze(ptx: str, sass: str | None = None) -> dict:
         sinsts = _sass_insts(sass)
         _, stotal, spair, sblocks, sin = _loop_stats(sinsts, _is_mma_sass)
         out["sass_loops"] = _sass_loops(sblocks, _loops(_blocks(sinsts)[1]))
-        out.update(sass_mma_total=stotal, sass_mma_per_block_pair=spair.mma_static if spair
+        out.update(sass_instructions=sum(isinstance(i, _Inst) for i in sinsts),
+                   sass_fma=sum(mma_fma(i.op) for i in sinsts if isinstance(i, _Inst)),
+                   sass_mma_total=stotal, sass_mma_per_block_pair=spair.mma_static if spair
                    else 0, sass_membar_gpu_in_loops=sum(
                        re.match(r"MEMBAR\..*(GPU|SYS)", i.op) is not None
                        for b in sin for i in sblocks[b]),
@@ -372,7 +399,8 @@ def _sass_loops(blocks: list[list[_Inst]], loops: list[tuple[int, set[int]]]) ->
         out.append(SassLoop(depth=sum(h in other for _, other in loops),
                             instructions=len(own),
                             local=sum(i.op.startswith(("LDL", "STL")) for i in own),
-                            mma=sum(_is_mma_sass(i.op) for i in own)))
+                            mma=sum(_is_mma_sass(i.op) for i in own),
+                            fma=sum(mma_fma(i.op) for i in own)))
     return tuple(out)
 
 

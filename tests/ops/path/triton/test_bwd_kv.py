@@ -43,3 +43,21 @@ def test_kv_tiles(monkeypatch, tiles, B, T, HQ, H, gates, cu):
                           block_size=32, seg=1)
     ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)
+
+
+
+def test_h100_tiles_past_head_dim_64(monkeypatch):
+    """The H100's bfloat16 tiles at padded head dim 128, whole 32-token blocks, with Pi read
+    32 rows at a time: run in float32 at D = 96 (the last slice a quarter masked), GQA,
+    gates, one block per segment, against the float64 reference."""
+    h100 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
+                                capability=(9, 0))
+    assert h100.kv_tiles() == (h100.BT, h100.BT) == (32, 32)
+    for arch in (80, 90):
+        monkeypatch.setitem(config.KV_TILES, (arch, 128, False), h100.kv_tiles())
+    assert config.launch_config(96, 96, torch.float32, None, 32).kv_tiles() == (32, 32)
+    inputs = make_inputs(1, 100, 2, 1, 96, 32, True)
+    dout = make_dout(1, 100, 2, 32)
+    ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, block_size=32, seg=1)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout)
+    assert_close_to_reference(ours, ref, F32_TOL)

@@ -115,6 +115,12 @@ REDESIGN_PENDING = {
     # loops; backward query kernel 1,648 bytes, 87 spill loads / stores in its loops
     *(("spills", k, _L) for k in ("fwd", "bwd")),
     ("loop_spills", "bwd", _L),
+    # the key kernel at D = 128 with whole 32-token blocks (`config.KV_TILES`, 2026-12-02):
+    # 304 bytes with gates, 13 spill loads / stores per segment crossed, none in its loop
+    # over query steps (`test_no_spill_traffic_in_query_steps`), which issues 0.63x the
+    # instructions per key-query pair of the largest spill-free tiles
+    ("spills", "bwd_kv", _L),
+    ("loop_spills", "bwd_kv", _L),
 }
 
 
@@ -272,6 +278,25 @@ def test_no_spill_traffic_in_loops(reports, case, kernel):
     r = reports[f"{case}/{kernel}"]
     assert r.sass_local_in_loops == 0, (
         f"{kernel}: {r.sass_local_in_loops} spill loads / stores inside loops")
+
+
+def _query_step_loop(r: ik.KernelReport) -> ik.SassLoop:
+    """bwd_kv's loop over the query steps of a later segment (its T^2 part), found by its
+    source line; the SASS loops are in the PTX loops' code order."""
+    src = (ROOT / "pathattn/ops/path/triton/bwd_kv.py").read_text().splitlines()
+    line = next(i + 1 for i, t in enumerate(src) if "for j in tl.range(0, n_q," in t)
+    locs = [x.loc for x in r.loops]
+    assert len(locs) == len(r.sass_loops), (locs, r.sass_loops)
+    return r.sass_loops[locs.index(f"bwd_kv.py:{line}")]
+
+
+@pytest.mark.parametrize("case", [c for c, (*_, ks) in CASES.items() if "bwd_kv" in ks])
+def test_no_spill_traffic_in_query_steps(reports, case):
+    """Where the key kernel spills, the spill loads / stores stay out of its loop over
+    query steps: paid once per segment crossed, not once per block pair."""
+    loop = _query_step_loop(reports[f"{case}/bwd_kv"])
+    assert loop.local == 0, f"{loop.local} spill loads / stores per query step"
+    assert loop.mma > 0
 
 
 @pytest.mark.parametrize("case,kernel", _cases("occupancy", _scan_at_64))
@@ -457,7 +482,31 @@ def test_sass_loops_and_mma():
     assert (r.sass_mma_total, r.sass_mma_per_block_pair, r.sass_membar_gpu_in_loops) == (
         2, 1, 1)
     # the loop's own instructions: HGMMA, two MEMBARs and its branch
-    assert r.sass_loops == (ik.SassLoop(depth=1, instructions=4, local=0, mma=1),)
+    assert r.sass_loops == (ik.SassLoop(depth=1, instructions=4, local=0, mma=1,
+                                        fma=64 * 64 * 16 // 4),)
+    assert (r.sass_instructions, r.sass_fma) == (8, 2 * 64 * 64 * 16 // 4)
+
+
+def test_query_step_loop_check_can_fail():
+    src = (ROOT / "pathattn/ops/path/triton/bwd_kv.py").read_text().splitlines()
+    line = next(i + 1 for i, t in enumerate(src) if "for j in tl.range(0, n_q," in t)
+    r = replace(_synthetic(_PTX, _SASS),
+                loops=(ik.LoopInfo("bwd_kv.py:1", 1, False, 0, 1),
+                       ik.LoopInfo(f"bwd_kv.py:{line}", 2, True, 1, 1)),
+                sass_loops=(ik.SassLoop(1, 50, 0, 0), ik.SassLoop(2, 90, 3, 1)))
+    assert _query_step_loop(r).local == 3
+
+
+def test_mma_fma_per_shape():
+    """Multiply-adds per warp: a quarter of a warpgroup's wgmma, a whole mma.sync, TF32
+    twice; a shape not in the table is an error, not a silent 0."""
+    assert ik.mma_fma("HGMMA.64x128x16.F32.BF16") == 64 * 128 * 16 // 4
+    assert ik.mma_fma("HGMMA.64x32x8.F32.TF32") == 2 * 64 * 32 * 8 // 4
+    assert ik.mma_fma("HMMA.16816.F32.BF16") == 16 * 8 * 16
+    assert ik.mma_fma("HMMA.1688.F32.TF32") == 2 * 16 * 8 * 8
+    assert ik.mma_fma("FFMA") == 0
+    with pytest.raises(ValueError, match="unknown shape"):
+        ik.mma_fma("HMMA.99.F32")
 
 
 def test_mma_cap_can_fail():
