@@ -34,7 +34,8 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-os.environ["TRITON_INTERPRET"] = "0"  # the kernels are compiled, not interpreted
+if __name__ == "__main__":  # the kernels are compiled, not interpreted (imported, as by
+    os.environ["TRITON_INTERPRET"] = "0"  # its tests, it leaves the environment alone)
 
 import torch  # noqa: E402
 

@@ -4,6 +4,7 @@ and a kernel whose loops differ from those described is refused."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,9 +13,16 @@ import pytest
 pytest.importorskip("triton")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+_INTERPRET = os.environ.get("TRITON_INTERPRET")
 import static_vs_fla as sv  # noqa: E402
 
 from pathattn.ops.path.triton import inspect_kernels as ik  # noqa: E402
+
+
+def test_import_leaves_the_interpreter_setting_alone():
+    """Imported (here), the script must not switch the interpreter off for the tests that
+    share this process."""
+    assert os.environ.get("TRITON_INTERPRET") == _INTERPRET
 
 
 def _trips(kernel: sv.Kernel, T: int, shape: dict) -> list[int]:
