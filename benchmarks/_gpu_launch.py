@@ -4,7 +4,8 @@ a change of the tables there is a measured one.
 
 One row per setting (bfloat16, gates, D = 64, T = the plan's middle sequence length, B * T
 = the plan's tokens): forward and forward + backward ms of the Triton op with that one
-setting changed, the others at their defaults, and the ratio to the default row:
+setting changed, the others at their defaults, and the ratio to the default row of its
+head dim (the last two rows: D = 128's defaults, and its former key tiles):
 
   block_size  32-token blocks (the default is the largest that fits: 64 on an H100)
   seg         half and twice the default blocks per segment (about sqrt of the blocks)
@@ -51,7 +52,10 @@ def settings(smoke: bool) -> list[tuple[str, str, dict]]:
              ("seg", "x0.5", {"seg_scale": 0.5}), ("seg", "x2", {"seg_scale": 2.0})]
             + [("warps", f"{k} 8", {"warps": (k, 8)}) for k in ("fwd", "bwd", "bwd_kv")]
             + [("kv_tiles", f"{a}x{b}", {"kv": (a, b)}) for a, b in ((32, 64), (64, 32),
-                                                                     (32, 32))])
+                                                                     (32, 32))]
+            # D = 128 (32-token blocks): its own defaults, and the key tiles they replaced
+            + [("default", "D 128", {"D": 128}),
+               ("kv_tiles", "16x32 D 128", {"D": 128, "kv": (16, 32)})])
 
 
 def _default_seg(T: int, BT: int) -> int:
@@ -97,16 +101,16 @@ def _row(device: torch.device, plan, shape: tuple, change: dict) -> dict:
     return row
 
 
-def _shape(plan) -> tuple:
+def _shape(plan, change: dict) -> tuple:
     T = plan.seq_lens[len(plan.seq_lens) // 2]
-    return (max(1, plan.tokens // T), T, plan.heads, plan.dims[0])
+    return (max(1, plan.tokens // T), T, plan.heads, change.get("D", plan.dims[0]))
 
 
 def child(mode: str, plan, index: int) -> int:
     """In a subprocess: row `index` of the section (0 the defaults, i the (i - 1)-th of
     `settings`); prints one MARK line of JSON."""
     change = {} if index == 0 else settings(mode == "cpu-smoke")[index - 1][2]
-    row = _row(torch.device(plan.device), plan, _shape(plan), change)
+    row = _row(torch.device(plan.device), plan, _shape(plan, change), change)
     print(MARK + json.dumps(row), flush=True)
     return 0
 
@@ -131,13 +135,18 @@ def launch_settings(ctx, sec) -> None:
     that faults costs only its row)."""
     base = {"setting": "default", "value": ""} | _run_child(ctx, 0)
     ctx.add_row(sec, base)
-    for i, (name, value, _) in enumerate(settings(ctx.mode == "cpu-smoke"), start=1):
+    bases = {base.get("D"): base}  # a head dim's rows are compared with its defaults
+    for i, (name, value, change) in enumerate(settings(ctx.mode == "cpu-smoke"), start=1):
         head = {"setting": name, "value": value}
         if ctx.expired():
             ctx.add_row(sec, head | {"status": "skipped (budget)"})
             continue
         row = head | _run_child(ctx, i)
-        for m in ("fwd_ms", "fwdbwd_ms"):
-            if isinstance(row.get(m), float) and isinstance(base.get(m), float):
-                row[f"{m.removesuffix('_ms')}/default"] = row[m] / base[m]
+        if name == "default":
+            bases[change["D"]] = row
+        else:
+            ref = bases.get(row.get("D"), {})
+            for m in ("fwd_ms", "fwdbwd_ms"):
+                if isinstance(row.get(m), float) and isinstance(ref.get(m), float):
+                    row[f"{m.removesuffix('_ms')}/default"] = row[m] / ref[m]
         ctx.add_row(sec, row)

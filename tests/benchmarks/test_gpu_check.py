@@ -232,3 +232,34 @@ def test_generate_rows(smoke):
             assert _positive(r["per_token_ms"]) and _positive(r["prompt_ms"])
         if name != "llama" and "host_reads_per_step" in r:
             assert r["host_reads_per_step"] == 0, r
+
+
+def test_launch_settings_compare_each_head_dim_with_its_own_defaults(monkeypatch):
+    """A D = 128 row's ratios are to the D = 128 defaults, not to the first row's D = 64;
+    the full list times the key tiles D = 128 took before its defaults changed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _gpu_launch as gl
+
+    full = gl.settings(False)
+    assert ("default", "D 128", {"D": 128}) in full
+    assert ("kv_tiles", "16x32 D 128", {"D": 128, "kv": (16, 32)}) in full
+    rows = [("default", "D 128", {"D": 128}), ("kv_tiles", "16x32", {"D": 128, "kv": (16, 32)}),
+            ("seg", "x2", {"seg_scale": 2.0})]
+    times = {0: (64, 1.0), 1: (128, 4.0), 2: (128, 6.0), 3: (64, 3.0)}
+    monkeypatch.setattr(gl, "settings", lambda smoke: rows)
+    monkeypatch.setattr(gl, "_run_child", lambda ctx, i: {
+        "D": times[i][0], "fwd_ms": times[i][1], "fwdbwd_ms": 2 * times[i][1]})
+
+    class Ctx:
+        mode, out = "full", []
+
+        def expired(self):
+            return False
+
+        def add_row(self, sec, row):
+            self.out.append(row)
+
+    ctx = Ctx()
+    gl.launch_settings(ctx, None)
+    assert [r.get("fwd/default") for r in ctx.out] == [None, None, 1.5, 3.0]
+    assert ctx.out[2]["fwdbwd/default"] == 1.5
