@@ -75,11 +75,11 @@ __all__ = ["bwd_scan"]
 
 
 @device_fn
-def _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT: tl.constexpr,
+def _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, KB: tl.constexpr,
              DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
-    """P and dS = P * (dO V^T - delta) of a query block against the full key block at token
-    tc, from the logits S formed as the forward formed them."""
-    kr = tc + tl.arange(0, BT)
+    """P and dS = P * (dO V^T - delta) of a query block against the KB keys (full blocks)
+    from token tc, from the logits S formed as the forward formed them."""
+    kr = tc + tl.arange(0, KB)
     P = tl.where(rmask[:, None], exp_ftz(S - lse[:, None]), 0.0)
     Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
     return P, P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
@@ -157,18 +157,22 @@ def _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_
 
 
 @device_fn
-def _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr, v_ptr, H, D, DV,
-                         cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
+def _segment_block_grads(yc_ptrs, smask, g, drow, tc, hq, h, ga, dO, lse, delta, rmask,
+                         ks_ptr, v_ptr, g_ptr, ge_ptr, HQ, H, D, DV, NTOK, cols, cmask, vcols,
+                         vmask, HAS_G: tl.constexpr, BT: tl.constexpr, KB: tl.constexpr,
                          DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
-    """Key block at token tc of an earlier segment, met as plain attention with logits
-    S = y Ks^T (y the query state at the block's segment): returns the adjoint of y with
-    this block's term, g + dS Ks, and drow plus dS's row sums. The keys' and values' side of
-    the pair is `bwd_kv.py`'s."""
-    _, dS = _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT, DT,
+    """The KB keys (full blocks) from token tc of an earlier segment, met as plain
+    attention, as the forward met them, with logits S = y Ks^T (y the query state at the
+    blocks' segment, read back from yc_ptrs): returns the adjoint of y with their term,
+    g + dS Ks, and drow plus dS's row sums. The keys' and values' side is `bwd_kv.py`'s."""
+    yb = tl.load(yc_ptrs, mask=smask, other=0.0)
+    kr = tc + tl.arange(0, KB)
+    S, _ = key_block_logits(yb, ks_ptr, g_ptr, ge_ptr, kr, tc, hq, h, ga, HQ, H, D, NTOK,
+                            cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False, KB)
+    _, dS = _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, KB, DT,
                      PREC, EMULATE)
     if HAS_G:
         drow += tl.sum(dS, axis=1)
-    kr = tc + tl.arange(0, BT)
     Ks = load_raw(ks_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     return g + mm_lp(dS, Ks, DT, PREC, EMULATE), drow
 
@@ -183,7 +187,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
-                PIPE: tl.constexpr = 1):
+                PIPE: tl.constexpr = 1, KSTEP: tl.constexpr = 1):
     blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
@@ -266,16 +270,21 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                       EMULATE)
         tl.store(yc_ptrs, y.to(DT), mask=smask)  # only an operand of S = y Ks^T below
         tl.debug_barrier()
-        # plain attention, as the forward met these blocks, PIPE loads in flight
-        for j in tl.range(0, SEG, num_stages=PIPE):
-            tc = s0 + (sc * SEG + j) * BT
-            yb = tl.load(yc_ptrs, mask=smask, other=0.0)
-            S, _ = key_block_logits(yb, ks_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H,
-                                    D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
-                                    False)
-            g, drow = _segment_block_grads(S, g, drow, tc, h, dO, lse, delta, rmask, ks_ptr,
-                                           v_ptr, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
-                                           BT, DT, PREC, EMULATE)
+        # plain attention, KSTEP blocks a step (the last SEG % KSTEP one at a time), PIPE
+        # loads in flight
+        for j in tl.range(0, SEG - SEG % KSTEP, KSTEP, num_stages=PIPE):
+            g, drow = _segment_block_grads(yc_ptrs, smask, g, drow, s0 + (sc * SEG + j) * BT,
+                                           hq, h, ga, dO, lse, delta, rmask, ks_ptr, v_ptr,
+                                           g_ptr, ge_ptr, HQ, H, D, DV, NTOK, cols, cmask,
+                                           vcols, vmask, HAS_G, BT, KSTEP * BT, DT, PREC,
+                                           EMULATE)
+        if KSTEP > 1:
+            for j in range(SEG - SEG % KSTEP, SEG):
+                g, drow = _segment_block_grads(yc_ptrs, smask, g, drow,
+                                               s0 + (sc * SEG + j) * BT, hq, h, ga, dO, lse,
+                                               delta, rmask, ks_ptr, v_ptr, g_ptr, ge_ptr, HQ,
+                                               H, D, DV, NTOK, cols, cmask, vcols, vmask,
+                                               HAS_G, BT, BT, DT, PREC, EMULATE)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
         # dO reloaded per block (from L2): its operand buffers live one block pair only
         # (sm_90, D 64: 8 KiB less shared memory, no spill traffic in this loop with
@@ -290,7 +299,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         xt = x.to(TDT)
         x = x.to(DT)
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H, D,
-                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False)
+                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False, BT)
         g, drow = _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask,
                                    kt_ptr, v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr,
                                    dwp_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask,

@@ -19,6 +19,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
+           "STEPPED", "KEY_STEPS", "step_table",
            "SEG_BWD_ROWS", "pipe_table", "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS",
            "UT_FOUR_WARPS", "ut_warps", "device_settings"]
 
@@ -78,7 +79,7 @@ SHARED_BYTES = {
         },
         128: {
             64: (204800, 196872, 311296, 229376),
-            32: (81920, 98440, 65536, 40960),
+            32: (81920, 98440, 65536, 83456),  # fwd: 4 key blocks a step
             16: (49152, 49224, 28672, 20480),
         },
         256: {
@@ -203,6 +204,18 @@ PIPELINED = ("fwd", "bwd", "bwd_kv")
 # and two resident blocks per SM (`benchmarks/triton_fit.py --report --loops`);
 # `benchmarks/gpu_check.py`'s "pipelining" section times the alternatives.
 PIPE_STAGES = {(80, 64): {"fwd": 3}}
+# kernels whose loop over earlier segments' blocks (the forward's, the query kernel's walk)
+# meets KSTEP blocks a step, the compile-time argument KSTEP (`LaunchConfig.key_steps`;
+# the last SEG % KSTEP blocks of a segment one at a time)
+STEPPED = ("fwd", "bwd")
+# (architecture, padded head dim, block length) -> kernel -> KSTEP for 16-bit inputs and
+# one reflection per token, where not 1: on sm_90 at D = 128 with the default 32-token
+# blocks (mma.sync), chosen ahead of time by the instructions `benchmarks/static_vs_fla.py`
+# counts (per block of the walk, Triton 3.9 [3.6]: forward 332 [354] -> 176 [179], query
+# kernel 336 [356] -> 290 [311]; fwd 4 / bwd 4 spill more and issue no fewer). With wgmma
+# (D = 64) a step of two blocks would put an m64n128 product beside m64n64 ones
+# (`test_compiled.py`, one wgmma width); with R > 1 (16-token blocks) four blocks spill.
+KEY_STEPS = {(90, 128, 32): {"fwd": 4, "bwd": 2}}
 # architecture -> rows of a segment's products E per program of the segment backward
 # (`segments.segment_grads`), where not min(BD, BT): at 64 rows on sm_80 it spills 5.6 KB
 # per thread (1,103 spill loads / stores per block at D = 64); at 32 rows, 1.6 KB (302 per
@@ -258,7 +271,9 @@ class LaunchConfig:
     reflections per token it was chosen for, and kv, the (BKT, BQ) tiles of the key-parallel
     backward kernel and the rows of Pi it reads at a time (empty: whole blocks, and
     `m_rows`; see `kv_tiles`), pipe, (kernel name, depth) pairs of `PIPELINED` kernels'
-    loops over earlier segments (`pipe_stages`), and seg_rows, the rows of E per program of
+    loops over earlier segments (`pipe_stages`), steps, (kernel name, key blocks per step)
+    pairs of `STEPPED` kernels' loops over earlier segments (`key_steps`), seg_rows, the
+    rows of E per program of
     the segment backward (0: min(BD, BT); `seg_bwd_rows`), and maxnreg, the registers per
     thread the launches of `MAXNREG_KERNELS` allow (`max_registers`)."""
 
@@ -270,6 +285,7 @@ class LaunchConfig:
     R: int = 1
     kv: tuple = ()
     pipe: tuple = ()
+    steps: tuple = ()
     seg_rows: int = 0
     maxnreg: int = MAX_REGISTERS
 
@@ -296,6 +312,11 @@ class LaunchConfig:
         (`pipe`, else its num_stages)."""
         return dict(self.pipe).get(kernel, self.launch(kernel)[1])
 
+    def key_steps(self, kernel: str) -> int:
+        """Key blocks per step of the loop over earlier segments' blocks of a `STEPPED`
+        kernel (`steps`, else 1)."""
+        return dict(self.steps).get(kernel, 1)
+
     def max_registers(self, kernel: str) -> int | None:
         """Triton's launch option maxnreg for `kernel` (None: not stated)."""
         return self.maxnreg if kernel in MAXNREG_KERNELS and self.maxnreg else None
@@ -305,6 +326,8 @@ class LaunchConfig:
         `max_registers` states it, and PIPE for the `PIPELINED` kernels."""
         warps, stages = self.launch(kernel)
         pipe = {"PIPE": self.pipe_stages(kernel)} if kernel in PIPELINED else {}
+        if kernel in STEPPED:
+            pipe["KSTEP"] = self.key_steps(kernel)
         regs = self.max_registers(kernel)
         return {"num_warps": warps, "num_stages": stages, **pipe,
                 **({"maxnreg": regs} if regs else {})}
@@ -434,11 +457,21 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
 def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> dict:
     """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
-    warps (`ut_warps`), R, kv (`kv_tiles`), pipe (`pipe_table`), seg_rows
-    (`SEG_BWD_ROWS`)."""
+    warps (`ut_warps`), R, kv (`kv_tiles`), pipe (`pipe_table`), steps (`step_table`),
+    seg_rows (`SEG_BWD_ROWS`)."""
     return {"warps": ut_warps(arch, BD, dtype, BT, R), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
+            "steps": step_table(arch, BD, dtype, BT, R),
             "seg_rows": SEG_BWD_ROWS.get(arch, 0)}
+
+
+def step_table(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:
+    """`LaunchConfig.steps` on architecture `arch` for padded head dim BD, inputs of
+    `dtype`, block length BT and R reflections per token (`KEY_STEPS`; float32 inputs and
+    R > 1 take one block a step)."""
+    if dtype == torch.float32 or R > 1:
+        return ()
+    return tuple(KEY_STEPS.get((arch, BD, BT), {}).items())
 
 
 def kv_tiles(arch: int, BD: int, dtype: torch.dtype, BT: int) -> tuple:

@@ -53,6 +53,7 @@ from .config import (
     H100_SHARED,
     KERNELS,
     PIPELINED,
+    STEPPED,
     LaunchConfig,
     block_lengths,
     device_settings,
@@ -165,6 +166,8 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
         c.update(zip(("BKT", "BQ"), cfg.kv_tiles(), strict=True))
     if kernel in PIPELINED:
         c.update(PIPE=cfg.pipe_stages(kernel))
+    if kernel in STEPPED:
+        c.update(KSTEP=cfg.key_steps(kernel))
     if kernel == "pi":
         c.update(BR=min(tiles["BD"], cfg.BT), TDT=_TL[transition_dtype(dtype)], EMULATE=False)
     if kernel in ("seg", "seg_bwd"):  # seg as the backward launches it (storing E)

@@ -99,22 +99,29 @@ def query_block_start(q_ptr, k_ptr, wt_ptr, u_ptr, m_ptr, g_ptr, gs_ptr, rows, r
 @device_fn
 def key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK, cols,
                      cmask, HAS_G: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr,
-                     PREC: tl.constexpr, EMULATE: tl.constexpr, HOIST: tl.constexpr):
-    """Logits [BT, BT] of the query state x against the full key block starting at tb
-    (tokens kr), and its keys K~ (in the inputs' dtype DT, the operand dtype of the
-    product). Gates (ga of `query_block_start`): the module docstring's last two terms,
-    one per key; the queries' own term gq is the caller's, added per row to the running
-    max (forward) or taken out of the log-sum-exp (backward). HOIST: load the keys through
-    loop-invariant offsets (`load_block`; the forward), else per-element offsets (the
-    backward, where the held offsets raised its register spills)."""
+                     PREC: tl.constexpr, EMULATE: tl.constexpr, HOIST: tl.constexpr,
+                     KB: tl.constexpr):
+    """Logits [rows of x, KB] of the query state x against the KB keys from token tb
+    (tokens kr; KB / BT full blocks), and those keys K~ (in the inputs' dtype DT, the
+    operand dtype of the product). Gates (ga of `query_block_start`): the module
+    docstring's last two terms, one per key and one per key block; the queries' own term gq
+    is the caller's, added per row to the running max (forward) or taken out of the
+    log-sum-exp (backward). HOIST: load the keys through loop-invariant offsets
+    (`load_block`; the forward), else per-element offsets (the backward, where the held
+    offsets raised its register spills)."""
     if HOIST:
-        Kt = load_block(kt_ptr, tb, BT, H * D, h * D, cols, cmask)
+        Kt = load_block(kt_ptr, tb, KB, H * D, h * D, cols, cmask)
     else:
         Kt = load_raw(kt_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     S = mm_lp(x, tl.trans(Kt), DT, PREC, EMULATE)
     if HAS_G:
-        ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, tb, tl.arange(0, BT)))  # G_j - G_b1
-        gab = (ga - tl.load(g_ptr + row_offsets(tb + BT - 1, HQ, hq))).to(tl.float32)
+        lk = tl.arange(0, KB)
+        ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, tb, lk))  # G_j - G_b1
+        if KB == BT:
+            gab = (ga - tl.load(g_ptr + row_offsets(tb + BT - 1, HQ, hq))).to(tl.float32)
+        else:  # b1, the last token of each key's own block
+            b1 = tb + lk // BT * BT + BT - 1
+            gab = (ga - tl.load(g_ptr + row_offsets(b1, HQ, hq))).to(tl.float32)
         S += (gab - ge)[None, :]
     return S, Kt
 
@@ -138,10 +145,10 @@ def apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.conste
 
 @device_fn
 def _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask, HAS_G: tl.constexpr,
-            BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+            KB: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
     """Online softmax step: the running max m_i, sum l_i and acc [BT, BDV] after the logits
-    S + gq [BT, BT] against the full key block starting at token tb (gq [BT]: the queries' gate
-    term, added per row, with gates only)."""
+    S + gq [BT, KB] against the KB keys (full blocks) from token tb (gq [BT]: the queries'
+    gate term, added per row, with gates only)."""
     if HAS_G:  # the row term shifts the max, not every logit
         m_new = tl.maximum(m_i, tl.max(S, axis=1) + gq)
         P = exp_ftz(S - (m_new - gq)[:, None])
@@ -150,7 +157,7 @@ def _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask, HAS_G: tl.c
         P = exp_ftz(S - m_new[:, None])
     alpha = exp_ftz(m_i - m_new)
     l_i = l_i * alpha + tl.sum(P, axis=1)
-    Vb = load_block(v_ptr, tb, BT, H * DV, h * DV, vcols, vmask)
+    Vb = load_block(v_ptr, tb, KB, H * DV, h * DV, vcols, vmask)
     acc = acc * alpha[:, None] + mm_lp(P, Vb, DT, PREC, EMULATE)
     return m_new, l_i, acc
 
@@ -162,7 +169,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                 NTOK, G: tl.constexpr, HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                 BDV: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
                 PREC: tl.constexpr, EMULATE: tl.constexpr, R: tl.constexpr,
-                BTR: tl.constexpr, PIPE: tl.constexpr = 1):
+                BTR: tl.constexpr, PIPE: tl.constexpr = 1, KSTEP: tl.constexpr = 1):
     blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
@@ -192,21 +199,30 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         tb = t0 - (ib + 1) * BT
         kr = tb + cbt
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK,
-                                cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True)
+                                cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True, BT)
         m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
                                 HAS_G, BT, DT, PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
                              EMULATE)
     for js in range(0, sa):  # earlier segments, right to left; x = y^(s)
         sc = sa - 1 - js
-        # plain attention against the keys moved to the end of sc, PIPE loads in flight
-        for j in tl.range(0, SEG, num_stages=PIPE):
+        # plain attention against the keys moved to the end of sc, KSTEP blocks a step (the
+        # last SEG % KSTEP one at a time), PIPE loads in flight
+        for j in tl.range(0, SEG - SEG % KSTEP, KSTEP, num_stages=PIPE):
             tb = s0 + (sc * SEG + j) * BT
-            kr = tb + cbt
-            S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D,
-                                    NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True)
-            m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
-                                    HAS_G, BT, DT, PREC, EMULATE)
+            Sj, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, tb + tl.arange(0, KSTEP * BT),
+                                     tb, hq, h, ga, HQ, H, D, NTOK, cols, cmask, HAS_G, BT, DT,
+                                     PREC, EMULATE, True, KSTEP * BT)
+            m_i, l_i, acc = _attend(Sj, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
+                                    HAS_G, KSTEP * BT, DT, PREC, EMULATE)
+        if KSTEP > 1:
+            for j in range(SEG - SEG % KSTEP, SEG):
+                tb = s0 + (sc * SEG + j) * BT
+                S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, tb + cbt, tb, hq, h, ga, HQ,
+                                        H, D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
+                                        True, BT)
+                m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols,
+                                        vmask, HAS_G, BT, DT, PREC, EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
             slot = tl.load(slot_ptr + blk) - sa + sc  # the slot of segment sc
             if BK == BD:

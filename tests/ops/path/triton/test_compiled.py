@@ -117,10 +117,14 @@ REDESIGN_PENDING = {
     ("loop_spills", "bwd", _L),
     # the key kernel at D = 128 with whole 32-token blocks (`config.KV_TILES`, 2026-12-02):
     # 304 bytes with gates, 13 spill loads / stores per segment crossed, none in its loop
-    # over query steps (`test_no_spill_traffic_in_query_steps`), which issues 0.63x the
+    # over query steps (`test_no_spill_traffic_in_block_pair_loops`), which issues 0.63x the
     # instructions per key-query pair of the largest spill-free tiles
     ("spills", "bwd_kv", _L),
     ("loop_spills", "bwd_kv", _L),
+    # the forward at D = 128 meeting four blocks a step (`config.KEY_STEPS`, 2026-12-02):
+    # 360 bytes, 22 spill loads / stores per segment crossed, none in its walk
+    # (`test_no_spill_traffic_in_block_pair_loops`)
+    ("loop_spills", "fwd", _L),
 }
 
 
@@ -280,23 +284,37 @@ def test_no_spill_traffic_in_loops(reports, case, kernel):
         f"{kernel}: {r.sass_local_in_loops} spill loads / stores inside loops")
 
 
-def _query_step_loop(r: ik.KernelReport) -> ik.SassLoop:
-    """bwd_kv's loop over the query steps of a later segment (its T^2 part), found by its
-    source line; the SASS loops are in the PTX loops' code order."""
-    src = (ROOT / "pathattn/ops/path/triton/bwd_kv.py").read_text().splitlines()
-    line = next(i + 1 for i, t in enumerate(src) if "for j in tl.range(0, n_q," in t)
+# the block-pair loops of the T^2 part, by the source text of their `for`: the forward's
+# walk over an earlier segment's blocks (KSTEP a step, then the rest one at a time) and the
+# key kernel's query steps
+PAIR_LOOPS = {"fwd": ("for j in tl.range(0, SEG - SEG % KSTEP",
+                      "for j in range(SEG - SEG % KSTEP, SEG)"),
+              "bwd_kv": ("for j in tl.range(0, n_q,",)}
+
+
+def _pair_loops(kernel: str, r: ik.KernelReport) -> list[ik.SassLoop]:
+    """The kernel's `PAIR_LOOPS` found in its report; the SASS loops are in the PTX loops'
+    code order."""
+    src = (ROOT / f"pathattn/ops/path/triton/{kernel}.py").read_text().splitlines()
     locs = [x.loc for x in r.loops]
     assert len(locs) == len(r.sass_loops), (locs, r.sass_loops)
-    return r.sass_loops[locs.index(f"bwd_kv.py:{line}")]
+    found = []
+    for text in PAIR_LOOPS[kernel]:
+        line = next(i + 1 for i, t in enumerate(src) if text in t)
+        if f"{kernel}.py:{line}" in locs:
+            found.append(r.sass_loops[locs.index(f"{kernel}.py:{line}")])
+    assert found, f"{kernel}: none of {PAIR_LOOPS[kernel]} among {locs}"
+    return found
 
 
-@pytest.mark.parametrize("case", [c for c, (*_, ks) in CASES.items() if "bwd_kv" in ks])
-def test_no_spill_traffic_in_query_steps(reports, case):
-    """Where the key kernel spills, the spill loads / stores stay out of its loop over
-    query steps: paid once per segment crossed, not once per block pair."""
-    loop = _query_step_loop(reports[f"{case}/bwd_kv"])
-    assert loop.local == 0, f"{loop.local} spill loads / stores per query step"
-    assert loop.mma > 0
+@pytest.mark.parametrize("case,kernel", [(c, k) for c, (*_, ks) in CASES.items()
+                                         for k in PAIR_LOOPS if k in ks])
+def test_no_spill_traffic_in_block_pair_loops(reports, case, kernel):
+    """Where the forward or the key kernel spills, the spill loads / stores stay out of
+    their block-pair loops: paid once per segment crossed, not once per block pair."""
+    for loop in _pair_loops(kernel, reports[f"{case}/{kernel}"]):
+        assert loop.local == 0, f"{loop.local} spill loads / stores per step"
+        assert loop.mma > 0
 
 
 @pytest.mark.parametrize("case,kernel", _cases("occupancy", _scan_at_64))
@@ -323,7 +341,7 @@ def test_mma_per_block_pair(reports, case, kernel):
 def _earlier_segment_loop(r: ik.KernelReport) -> ik.LoopInfo:
     """bwd's loop over the blocks of an earlier segment, found by its source line."""
     src = (ROOT / "pathattn/ops/path/triton/bwd.py").read_text().splitlines()
-    line = next(i + 1 for i, t in enumerate(src) if "for j in tl.range(0, SEG," in t)
+    line = next(i + 1 for i, t in enumerate(src) if "for j in tl.range(0, SEG" in t)
     return next(x for x in r.loops if x.loc == f"bwd.py:{line}")
 
 
@@ -487,14 +505,16 @@ def test_sass_loops_and_mma():
     assert (r.sass_instructions, r.sass_fma) == (8, 2 * 64 * 64 * 16 // 4)
 
 
-def test_query_step_loop_check_can_fail():
+def test_pair_loop_check_can_fail():
     src = (ROOT / "pathattn/ops/path/triton/bwd_kv.py").read_text().splitlines()
     line = next(i + 1 for i, t in enumerate(src) if "for j in tl.range(0, n_q," in t)
     r = replace(_synthetic(_PTX, _SASS),
                 loops=(ik.LoopInfo("bwd_kv.py:1", 1, False, 0, 1),
                        ik.LoopInfo(f"bwd_kv.py:{line}", 2, True, 1, 1)),
                 sass_loops=(ik.SassLoop(1, 50, 0, 0), ik.SassLoop(2, 90, 3, 1)))
-    assert _query_step_loop(r).local == 3
+    assert [x.local for x in _pair_loops("bwd_kv", r)] == [3]
+    with pytest.raises(AssertionError, match="none of"):
+        _pair_loops("bwd_kv", replace(r, loops=(r.loops[0], replace(r.loops[1], loc="x:1"))))
 
 
 def test_mma_fma_per_shape():

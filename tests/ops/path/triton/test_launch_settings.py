@@ -59,6 +59,50 @@ def test_other_settings_through_the_interpreter(monkeypatch, gates, cu):
     assert_close_to_reference(ours, ref, F32_TOL)
 
 
+@pytest.mark.parametrize("steps, B, T, HQ, H, gates, cu, seg", [
+    pytest.param((4, 2), 2, 100, 4, 2, True, None, 3, id="4-2-seg3-GQA-gates"),
+    pytest.param((4, 2), 1, 120, 2, 1, True, None, 5, id="4-2-seg5-gates"),
+    pytest.param((2, 4), 1, 70, 2, 1, False, CU_70, 2, id="2-4-seg2-packed"),
+    pytest.param((4, 2), 1, 90, 2, 1, True, None, 1, id="4-2-seg1"),
+])
+def test_key_blocks_per_step_through_the_interpreter(monkeypatch, steps, B, T, HQ, H, gates,
+                                                     cu, seg):
+    """The forward's and the query kernel's walks over earlier segments KSTEP blocks a
+    step (`KEY_STEPS`, the H100's setting at D = 128), the last SEG % KSTEP blocks of a
+    segment one at a time; with gates each block keeps its own gate term. D = 32, 16-token
+    blocks, against the float64 reference."""
+    monkeypatch.setattr(config, "step_table", lambda *a: (("fwd", steps[0]), ("bwd", steps[1])))
+    cfg = config.launch_config(32, 32, torch.float32, None, 16)
+    assert (cfg.launch_kwargs("fwd")["KSTEP"], cfg.launch_kwargs("bwd")["KSTEP"]) == steps
+    assert "KSTEP" not in cfg.launch_kwargs("bwd_kv")
+    inputs = make_inputs(B, T, HQ, H, 32, 32, gates)
+    dout = make_dout(B, T, HQ, 32)
+    cu_seqlens = None if cu is None else torch.tensor(cu)
+    ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, cu_seqlens=cu_seqlens,
+                          block_size=16, seg=seg)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
+    assert_close_to_reference(ours, ref, F32_TOL)
+
+
+def test_key_steps_per_device():
+    """Several key blocks a step at D = 128 with 16-bit inputs and one reflection per token
+    on the H100, one elsewhere (D = 64, float32, R = 2, the A100); a step is a power of
+    two."""
+    h100 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED, capability=(9, 0))
+    assert (h100.key_steps("fwd"), h100.key_steps("bwd")) == (4, 2)
+    for cfg in (config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED,
+                                     capability=(9, 0)),
+                config.launch_config(128, 128, torch.float32, config.H100_SHARED,
+                                     capability=(9, 0)),
+                config.launch_config(128, 128, torch.bfloat16, config.A100_SHARED,
+                                     capability=(8, 0)),
+                config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
+                                     capability=(9, 0), reflections=2)):
+        assert (cfg.key_steps("fwd"), cfg.key_steps("bwd")) == (1, 1)
+    for steps in config.KEY_STEPS.values():
+        assert all(n in (1, 2, 4) for n in steps.values()) and set(steps) <= set(config.STEPPED)
+
+
 def test_rows_must_divide_the_head_dim():
     from pathattn.ops.path.triton.segments import segment_grads
 
