@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 from pathattn.ops.path.triton import bwd, bwd_kv, crossings, fwd, segments  # noqa: E402
 from pathattn.ops.path.triton import inspect_kernels as ik  # noqa: E402
+from pathattn.ops.path.triton._common import tile_kwargs  # noqa: E402
 from pathattn.ops.path.triton.config import H100_SHARED, launch_config  # noqa: E402
 from pathattn.ops.path.triton.tables import default_seg  # noqa: E402
 
@@ -74,7 +75,7 @@ class Kernel:
 
 def _ours_shape(D: int) -> dict:
     cfg = launch_config(D, D, torch.bfloat16, H100_SHARED, None, (9, 0), 1)
-    BD = max(16, 1 << (D - 1).bit_length())
+    BD = tile_kwargs(D, D)["BD"]
     bkt, bq = cfg.kv_tiles()
     return {"BT": cfg.BT, "BD": BD, "NS": BD // cfg.m_rows(BD), "NSK": BD // cfg.kv_rows(BD),
             "BKT": bkt, "BQ": bq, "FSTEP": cfg.key_steps("fwd"), "BSTEP": cfg.key_steps("bwd")}
@@ -108,25 +109,26 @@ def _ours(D: int) -> list[Kernel]:
     et = _line(crossings.times_et_sliced, "for k0 in range")
     f, b, kv = fwd._fwd_kernel, bwd._bwd_kernel, bwd_kv._bwd_kv_kernel
     cross = lambda p, s: max(p[1] - 1, 0) * s["NS"]  # noqa: E731 (segments crossed, slices)
-    def steps(key: str, fn, walks):
-        """The loop over an earlier segment's blocks, KSTEP a step, and its tail loop."""
+    shape = _ours_shape(D)
+
+    def steps(key: str, fn) -> list[Loop]:
+        """The walk over each earlier segment's blocks, KSTEP a step, and its tail loop."""
         main = Loop(_line(fn, "for j in tl.range(0, SEG - SEG % KSTEP"),
-                    lambda p, s: walks(p) * (p[3] // s[key]))
+                    lambda p, s: p[1] * (p[3] // s[key]))
         tail = Loop(_line(fn, "for j in range(SEG - SEG % KSTEP, SEG)"),
-                    lambda p, s: walks(p) * (p[3] % s[key]))
+                    lambda p, s: p[1] * (p[3] % s[key]))
         return [main, tail] if shape[key] > 1 else [main]
 
-    shape = _ours_shape(D)
     fwd_loops = [Loop(_line(f, "for ib in range"), lambda p, s: p[2]),
                  Loop(_line(f, "for js in range"), lambda p, s: p[1]),
-                 *steps("FSTEP", f, lambda p: p[1])]
+                 *steps("FSTEP", f)]
     if sliced:
         fwd_loops.append(Loop(sl, cross))
     bwd_loops = [Loop(_line(b, "for i in range(0, a - sa * SEG)"), lambda p, s: p[2]),
                  Loop(_line(b, "for sc in range"), lambda p, s: p[1])]
     if sliced:
         bwd_loops += [Loop(sl, cross), Loop(cb, cross)]
-    bwd_loops += [*steps("BSTEP", b, lambda p: p[1]),
+    bwd_loops += [*steps("BSTEP", b),
                   Loop(_line(b, "for c in range"), lambda p, s: p[2]),
                   Loop(_line(b, "for i in range(0, a - 1 - c)"),
                        lambda p, s: p[2] * (p[2] - 1) // 2)]

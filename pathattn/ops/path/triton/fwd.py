@@ -144,11 +144,15 @@ def apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC: tl.conste
 
 
 @device_fn
-def _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask, HAS_G: tl.constexpr,
+def _attend(x, k_ptr, g_ptr, ge_ptr, tb, hq, h, ga, gq, m_i, l_i, acc, v_ptr, HQ, H, D, DV,
+            NTOK, cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
             KB: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
-    """Online softmax step: the running max m_i, sum l_i and acc [BT, BDV] after the logits
-    S + gq [BT, KB] against the KB keys (full blocks) from token tb (gq [BT]: the queries'
-    gate term, added per row, with gates only)."""
+    """Online softmax step of the query state x against the KB keys (full blocks) from
+    token tb (`key_block_logits`): the running max m_i, sum l_i and acc [BT, BDV] after the
+    logits S + gq [BT, KB] (gq [BT]: the queries' gate term, added per row, with gates
+    only)."""
+    S, _ = key_block_logits(x, k_ptr, g_ptr, ge_ptr, tb + tl.arange(0, KB), tb, hq, h, ga, HQ,
+                            H, D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True, KB)
     if HAS_G:  # the row term shifts the max, not every logit
         m_new = tl.maximum(m_i, tl.max(S, axis=1) + gq)
         P = exp_ftz(S - (m_new - gq)[:, None])
@@ -197,11 +201,9 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
     sa = a // SEG  # its segment
     for ib in range(0, a - sa * SEG):  # own segment: blocks a-1, ..., its first
         tb = t0 - (ib + 1) * BT
-        kr = tb + cbt
-        S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, kr, tb, hq, h, ga, HQ, H, D, NTOK,
-                                cols, cmask, HAS_G, BT, DT, PREC, EMULATE, True, BT)
-        m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
-                                HAS_G, BT, DT, PREC, EMULATE)
+        m_i, l_i, acc = _attend(x, kt_ptr, g_ptr, ge_ptr, tb, hq, h, ga, gq, m_i, l_i, acc,
+                                v_ptr, HQ, H, D, DV, NTOK, cols, cmask, vcols, vmask, HAS_G,
+                                BT, BT, DT, PREC, EMULATE)
         x = apply_transition(x, wt_ptr, u_ptr, tb, h, H, D, cols, cmask, PREC, BT, R, BTR, TDT,
                              EMULATE)
     for js in range(0, sa):  # earlier segments, right to left; x = y^(s)
@@ -209,20 +211,16 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         # plain attention against the keys moved to the end of sc, KSTEP blocks a step (the
         # last SEG % KSTEP one at a time), PIPE loads in flight
         for j in tl.range(0, SEG - SEG % KSTEP, KSTEP, num_stages=PIPE):
-            tb = s0 + (sc * SEG + j) * BT
-            Sj, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, tb + tl.arange(0, KSTEP * BT),
-                                     tb, hq, h, ga, HQ, H, D, NTOK, cols, cmask, HAS_G, BT, DT,
-                                     PREC, EMULATE, True, KSTEP * BT)
-            m_i, l_i, acc = _attend(Sj, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols, vmask,
-                                    HAS_G, KSTEP * BT, DT, PREC, EMULATE)
+            m_i, l_i, acc = _attend(x, ks_ptr, g_ptr, ge_ptr, s0 + (sc * SEG + j) * BT, hq, h,
+                                    ga, gq, m_i, l_i, acc, v_ptr, HQ, H, D, DV, NTOK, cols,
+                                    cmask, vcols, vmask, HAS_G, BT, KSTEP * BT, DT, PREC,
+                                    EMULATE)
         if KSTEP > 1:
             for j in range(SEG - SEG % KSTEP, SEG):
-                tb = s0 + (sc * SEG + j) * BT
-                S, _ = key_block_logits(x, ks_ptr, g_ptr, ge_ptr, tb + cbt, tb, hq, h, ga, HQ,
-                                        H, D, NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE,
-                                        True, BT)
-                m_i, l_i, acc = _attend(S, gq, m_i, l_i, acc, v_ptr, tb, h, H, DV, vcols,
-                                        vmask, HAS_G, BT, DT, PREC, EMULATE)
+                m_i, l_i, acc = _attend(x, ks_ptr, g_ptr, ge_ptr, s0 + (sc * SEG + j) * BT, hq,
+                                        h, ga, gq, m_i, l_i, acc, v_ptr, HQ, H, D, DV, NTOK,
+                                        cols, cmask, vcols, vmask, HAS_G, BT, BT, DT, PREC,
+                                        EMULATE)
         if sc > 0:  # across the whole segment: y^(sc-1) = y^(sc) M_sc
             slot = tl.load(slot_ptr + blk) - sa + sc  # the slot of segment sc
             if BK == BD:
