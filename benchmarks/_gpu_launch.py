@@ -53,13 +53,16 @@ def settings(smoke: bool) -> list[tuple[str, str, dict]]:
             + [("warps", f"{k} 8", {"warps": (k, 8)}) for k in ("fwd", "bwd", "bwd_kv")]
             + [("kv_tiles", f"{a}x{b}", {"kv": (a, b)}) for a, b in ((32, 64), (64, 32),
                                                                      (32, 32))]
-            # D = 128 (32-token blocks): its own defaults, and the key tiles they replaced
-            + [("default", "D 128", {"D": 128}),
-               ("kv_tiles", "16x32 D 128", {"D": 128, "kv": (16, 32)})])
+            # D = 128 (32-token blocks): its own defaults (key tiles 128x64, 8 warps), and
+            # the key tiles they replaced (32x32, then 16x32) and 64x64, at 4 warps
+            + [("default", "D 128", {"D": 128})]
+            + [("kv_tiles", f"{a}x{b} 4 warps D 128",
+                {"D": 128, "kv": (a, b), "warps": ("bwd_kv", 4)})
+               for a, b in ((32, 32), (16, 32), (64, 64))])
 
 
-def _default_seg(T: int, BT: int) -> int:
-    return default_seg(-(-T // BT))
+def _default_seg(T: int, cfg: config.LaunchConfig) -> int:
+    return default_seg(-(-T // cfg.BT), cfg.seg_multiple())
 
 
 def _row(device: torch.device, plan, shape: tuple, change: dict) -> dict:
@@ -84,8 +87,8 @@ def _row(device: torch.device, plan, shape: tuple, change: dict) -> dict:
                 "kv_tiles": "x".join(map(str, cfg.kv_tiles()))}  # as launched
         seg = 0
         if "seg_scale" in change:
-            seg = max(1, round(_default_seg(T, BT) * change["seg_scale"]))
-        row |= {"BT": BT, "seg": seg or _default_seg(T, BT)}
+            seg = max(1, round(_default_seg(T, cfg) * change["seg_scale"]))
+        row |= {"BT": BT, "seg": seg or _default_seg(T, cfg)}
         xs = path_inputs(B, T, H, H, D, torch.bfloat16, True, device)
         dout = torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16)
         cand = _candidate(lambda: path_attn_triton(*xs, block_size=block, seg=seg), list(xs),

@@ -167,9 +167,10 @@ def _layout(c: TriageCase, q: torch.Tensor) -> dict:
     from pathattn.ops.path.triton.config import device_launch_config
     from pathattn.ops.path.triton.tables import default_seg
 
-    BT = c.block_size or device_launch_config(c.D, c.D, q.dtype, q.device).BT
+    cfg = device_launch_config(c.D, c.D, q.dtype, q.device, c.block_size)
+    BT = cfg.BT
     n_max = -(-c.T // BT)  # the op's bound of a sequence's blocks (B = 1 when packed)
-    seg = default_seg(n_max)
+    seg = default_seg(n_max, cfg.seg_multiple())
     longest = max(c.lens) if c.packed else c.T
     return {"BT": BT, "seg": seg, "n_seg": math.ceil(math.ceil(longest / BT) / seg)}
 

@@ -78,27 +78,31 @@ def _ours_shape(D: int) -> dict:
     BD = tile_kwargs(D, D)["BD"]
     bkt, bq = cfg.kv_tiles()
     return {"BT": cfg.BT, "BD": BD, "NS": BD // cfg.m_rows(BD), "NSK": BD // cfg.kv_rows(BD),
-            "BKT": bkt, "BQ": bq, "FSTEP": cfg.key_steps("fwd"), "BSTEP": cfg.key_steps("bwd")}
+            "BKT": bkt, "BQ": bq, "FSTEP": cfg.key_steps("fwd"), "BSTEP": cfg.key_steps("bwd"),
+            "MULT": cfg.seg_multiple()}
 
 
 def _query_blocks(T: int, s: dict) -> list:
     """(a, sa, k, SEG) per query block: its index, its segment, its blocks before it in
     that segment, the segment length."""
     n = T // s["BT"]
-    seg = default_seg(n)
+    seg = default_seg(n, s["MULT"])
     return [(a, a // seg, a % seg, seg) for a in range(n)]
 
 
 def _key_tiles(T: int, s: dict) -> list:
-    """(s, later segments' query steps per segment) per program of bwd_kv."""
+    """(later segments' query steps per segment) per program of bwd_kv: a program takes
+    BKT keys of a block, or BKT // BT whole blocks of a segment (its last one alone when
+    the segment's length is not a multiple)."""
     BT, n = s["BT"], T // s["BT"]
-    seg = default_seg(n)
+    seg = default_seg(n, s["MULT"])
     n_seg = -(-n // seg)
     out = []
-    for b in range(n):
-        sb = b // seg
+    for sb in range(n_seg):
+        blocks = min(seg, n - sb * seg)
+        programs = blocks * (BT // s["BKT"]) if s["BKT"] <= BT else -(-blocks * BT // s["BKT"])
         steps = [-(-min(seg * BT, T - p * seg * BT) // s["BQ"]) for p in range(sb + 1, n_seg)]
-        out += [steps] * (BT // s["BKT"])
+        out += [steps] * programs
     return out
 
 

@@ -242,7 +242,8 @@ def test_launch_settings_compare_each_head_dim_with_its_own_defaults(monkeypatch
 
     full = gl.settings(False)
     assert ("default", "D 128", {"D": 128}) in full
-    assert ("kv_tiles", "16x32 D 128", {"D": 128, "kv": (16, 32)}) in full
+    assert ("kv_tiles", "32x32 4 warps D 128",
+            {"D": 128, "kv": (32, 32), "warps": ("bwd_kv", 4)}) in full
     rows = [("default", "D 128", {"D": 128}), ("kv_tiles", "16x32", {"D": 128, "kv": (16, 32)}),
             ("seg", "x2", {"seg_scale": 2.0})]
     times = {0: (64, 1.0), 1: (128, 4.0), 2: (128, 6.0), 3: (64, 3.0)}

@@ -34,7 +34,7 @@ def _trips(kernel: sv.Kernel, T: int, shape: dict) -> list[int]:
 def test_ours_loops_tile_the_block_pairs(D, T):
     shape = sv._ours_shape(D)
     BT, n = shape["BT"], T // shape["BT"]
-    seg = sv.default_seg(n)
+    seg = sv.default_seg(n, shape["MULT"])
     earlier = sum(c // seg < a // seg for a in range(n) for c in range(a))
     own = sum(c // seg == a // seg for a in range(n) for c in range(a))
     fwd, bwd, kv = sv._ours(D)
@@ -48,8 +48,16 @@ def test_ours_loops_tile_the_block_pairs(D, T):
     assert b[0] == own and b[-2] == own
     # the own segment recomputes x^(c) from the query block: a - 1 - c transitions per pair
     assert b[-1] == sum(a - 1 - c for a in range(n) for c in range(a) if c // seg == a // seg)
-    # the key kernel's query steps cover the same pairs as the query kernel's walk
-    assert k[-2 if D > 64 else -1] * shape["BKT"] * shape["BQ"] == earlier * BT * BT
+    # the key kernel's tiles cover the pairs of the query kernel's walk: BKT keys times BQ
+    # queries a step, the segments' lengths rounded up to whole tiles
+    seg_len = [min(seg, n - i * seg) * BT for i in range(-(-n // seg))]
+    tiled = sum(-(-seg_len[s] // shape["BKT"]) * shape["BKT"]
+                * -(-seg_len[p] // shape["BQ"]) * shape["BQ"]
+                for p in range(len(seg_len)) for s in range(p))
+    steps = k[-2 if D > 64 else -1]
+    assert steps * shape["BKT"] * shape["BQ"] == tiled >= earlier * BT * BT
+    if all(x % shape["BKT"] == 0 and x % shape["BQ"] == 0 for x in seg_len):
+        assert tiled == earlier * BT * BT
 
 
 @pytest.mark.parametrize("T", [2048, 8192])

@@ -11,6 +11,7 @@ H100 figures are used. The tables of block lengths picked, and why: docs/ops.md,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ import torch
 __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig",
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
-           "KV_TILES", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
+           "KV_TILES", "KV_WARPS", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
            "STEPPED", "KEY_STEPS", "step_table",
            "SEG_BWD_ROWS", "pipe_table", "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS",
            "UT_FOUR_WARPS", "ut_warps", "device_settings"]
@@ -33,6 +34,9 @@ MAX_REFLECTION_TILE = 64  # rows of a block's reflection tile the default block 
 # architecture -> padded head dim BD -> block length BT -> shared bytes per program:
 # (float32: peak over kernels, forward scan with 2 stages,
 #  16-bit:  peak over kernels, forward scan with 2 stages)
+# Upper bounds: an entry a kernel has grown past is raised to the fresh measurement
+# (`triton_fit.py --table`), one below it is left (2026-12-02: sm_90 D 128 bf16 peaks at
+# BT 16 and 32, the key kernel's 128-key tiles; four BT 16 entries at D 64 found below)
 SHARED_BYTES = {
     80: {
         16: {
@@ -48,7 +52,7 @@ SHARED_BYTES = {
         64: {
             64: (65536, 65800, 114688, 49152),
             32: (40960, 49288, 40960, 22800),
-            16: (24576, 24648, 16384, 10896),
+            16: (40960, 24648, 16384, 10896),
         },
         128: {
             64: (147456, 196872, 163840, 81920),
@@ -75,12 +79,12 @@ SHARED_BYTES = {
         64: {
             64: (122880, 98568, 180224, 122880),
             32: (32768, 49288, 40960, 20480),
-            16: (24576, 24648, 16384, 10240),
+            16: (32768, 24648, 24576, 10240),
         },
         128: {
             64: (204800, 196872, 311296, 229376),
-            32: (81920, 98440, 65536, 83456),  # fwd: 4 key blocks a step
-            16: (49152, 49224, 28672, 20480),
+            32: (81920, 98440, 98304, 83456),  # fwd: 4 key blocks a step
+            16: (49152, 49224, 98304, 20480),
         },
         256: {
             64: (401408, 393480, 573440, 442368),
@@ -106,7 +110,7 @@ SHARED_BYTES_REFLECTIONS = {
             },
             64: {
                 32: (40960, 65672, 53248, 28672),
-                16: (24576, 32840, 21504, 14336),
+                16: (40960, 32840, 21504, 14336),
             },
             128: {
                 32: (98304, 131208, 86016, 57344),
@@ -128,11 +132,11 @@ SHARED_BYTES_REFLECTIONS = {
             },
             64: {
                 32: (65536, 65672, 81920, 28672),
-                16: (24576, 32840, 21504, 14336),
+                16: (32768, 32840, 24576, 14336),
             },
             128: {
                 32: (81920, 131208, 122880, 57344),
-                16: (49152, 65608, 37888, 28672),
+                16: (49152, 65608, 98304, 28672),
             },
             256: {
                 32: (163840, 262280, 221184, 114688),
@@ -149,7 +153,7 @@ SHARED_BYTES_REFLECTIONS = {
                 16: (32768, 28744, 32768, 12288),
             },
             64: {
-                16: (36864, 49224, 32768, 22528),
+                16: (40960, 49224, 32768, 22528),
             },
             128: {
                 16: (98304, 98376, 56320, 45056),
@@ -180,19 +184,24 @@ SHARED_BYTES_REFLECTIONS = {
 
 
 # (architecture, padded head dim, 16-bit inputs) -> (BKT, BQ) of the backward's key-parallel
-# kernel, capped at the block length: the largest tiles whose kernel keeps 0 spills, or the
-# fewest, at 4 warps (compiled ahead of time; 8 warps spill less but leave one block per
-# SM). Head dims not listed take whole blocks. sm_90, D 128, bf16: whole 32-token blocks,
-# which spill 168 to 312 B, 7 to 16 spill loads / stores per segment
-# crossed and none in the loop over query steps, which issues 0.63-0.67x the instructions
-# per key-query pair of (16, 32), the largest spill-free tiles (Triton 3.6 and 3.9, gates on
-# and off; `benchmarks/static_vs_fla.py`).
+# kernel: keys per program and queries per step, each a divisor of the block length or a
+# multiple of it (several whole blocks of one segment: `bwd_kv.py`). At 4 warps, unless
+# KV_WARPS says otherwise: the largest tiles whose kernel keeps 0 spills, or the fewest
+# (compiled ahead of time; 8 warps spill less but leave one block per SM). Head dims not
+# listed take whole blocks. sm_90, D 128, bf16: 128 keys (four 32-token blocks) by 64
+# queries at 8 warps, wgmma with 64-row slices (m64n64 and m64n128) instead of mma.sync:
+# per key-query pair of the query steps 0.48-0.49x the instructions of whole 32-token
+# blocks at 4 warps, with 1,248-1,420 B of spills, 0-9 spill loads / stores per step
+# (Triton 3.6 and 3.9, gates on and off; `benchmarks/static_vs_fla.py`); one block per SM.
 KV_TILES = {
-    (90, 64, True): (64, 64), (90, 128, True): (32, 32), (90, 256, True): (16, 16),
+    (90, 64, True): (64, 64), (90, 128, True): (128, 64), (90, 256, True): (16, 16),
     (90, 64, False): (16, 32), (90, 128, False): (16, 16), (90, 256, False): (16, 16),
     (80, 64, True): (32, 32), (80, 128, True): (16, 16), (80, 256, True): (16, 16),
     (80, 64, False): (32, 16), (80, 128, False): (16, 16), (80, 256, False): (16, 16),
 }
+# (architecture, padded head dim, 16-bit inputs) -> num_warps of the key-parallel kernel
+# where not 4 (`KV_TILES`)
+KV_WARPS = {(90, 128, True): 8}
 
 
 # kernels whose loop over earlier segments' blocks (the forward's and the query kernel's
@@ -316,6 +325,15 @@ class LaunchConfig:
         """Key blocks per step of the loop over earlier segments' blocks of a `STEPPED`
         kernel (`steps`, else 1)."""
         return dict(self.steps).get(kernel, 1)
+
+    def seg_multiple(self) -> int:
+        """Blocks a default segment length is a multiple of: the key steps of the `STEPPED`
+        kernels and the blocks per key tile and per query step of the key-parallel kernel,
+        so that no step or tile is cut short at a segment's end."""
+        BKT, BQ = self.kv_tiles()
+        counts = [self.key_steps(k) for k in STEPPED] + [x // self.BT for x in (BKT, BQ)
+                                                         if x > self.BT]
+        return math.lcm(1, *counts)
 
     def max_registers(self, kernel: str) -> int | None:
         """Triton's launch option maxnreg for `kernel` (None: not stated)."""
@@ -457,9 +475,11 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
 def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> dict:
     """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
-    warps (`ut_warps`), R, kv (`kv_tiles`), pipe (`pipe_table`), steps (`step_table`),
+    warps (`ut_warps`, `KV_WARPS`), R, kv (`kv_tiles`), pipe (`pipe_table`), steps (`step_table`),
     seg_rows (`SEG_BWD_ROWS`)."""
-    return {"warps": ut_warps(arch, BD, dtype, BT, R), "R": R,
+    kv_warps = KV_WARPS.get((arch, BD, dtype != torch.float32))
+    return {"warps": ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),)
+                                                          if kv_warps else ()), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),
             "seg_rows": SEG_BWD_ROWS.get(arch, 0)}
@@ -476,13 +496,13 @@ def step_table(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> t
 
 def kv_tiles(arch: int, BD: int, dtype: torch.dtype, BT: int) -> tuple:
     """`LaunchConfig.kv` on architecture `arch` (80 or 90) for padded head dim BD, inputs
-    of `dtype` and block length BT: (BKT, BQ) of `KV_TILES` capped at BT (whole blocks for
-    head dims it does not list) and the rows of Pi read at a time: all up to BD = 64, past
+    of `dtype` and block length BT: (BKT, BQ) of `KV_TILES` (whole blocks for head dims it
+    does not list) and the rows of Pi read at a time: all up to BD = 64, past
     that 32, or 16 for float32 inputs (whose 3xTF32 operands take three times the shared
     memory: 16 rows keep BD = 256 within an sm_86 / sm_89 card's 99 KiB)."""
     kv = KV_TILES.get((arch, BD, dtype != torch.float32), (BT, BT))
     rows = BD if BD <= 64 else 16 if dtype == torch.float32 else _E_ROWS
-    return (min(kv[0], BT), min(kv[1], BT), rows)
+    return (kv[0], kv[1], rows)
 
 
 def device_launch_config(D: int, Dv: int, dtype: torch.dtype, device: torch.device,

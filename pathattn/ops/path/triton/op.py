@@ -106,10 +106,10 @@ def _setup(q, v, w, block_size: int, seg: int, B, T, cu_seqlens, pairs: bool = F
     triton dtypes of the inputs and of the transitions' operands,
     interpreter flag, and the launch configuration (num_warps / num_stages per kernel) of
     this block size on q's device for the reflections per token of w."""
-    t = call_tables(B, T, cu_seqlens, block_size, seg, q.device, pairs)
-    prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     cfg = device_launch_config(q.shape[-1], v.shape[-1], q.dtype, q.device, block_size,
                                _reflections(w))
+    t = call_tables(B, T, cu_seqlens, block_size, seg, q.device, pairs, cfg.seg_multiple())
+    prec = "tf32x3" if q.dtype == torch.float32 else "tf32"
     tdt = _TL_DTYPE[transition_dtype(q.dtype)]
     return (t.table, t.seg, (t.slots, t.n_slots), t.pairs, prec, _TL_DTYPE[q.dtype], tdt,
             interpreting(), cfg)
@@ -127,7 +127,10 @@ def _compile_key(step: str, q, k, v, w, beta, g, cu_seqlens, block_size: int, se
     uses (`_setup`)."""
     B, T = q.shape[:2]
     n_max = -(-(T if cu_seqlens is None else B * T) // block_size)
-    seg = seg if seg > 0 else default_seg(n_max)
+    if seg <= 0:
+        seg = default_seg(n_max, device_launch_config(q.shape[-1], v.shape[-1], q.dtype,
+                                                      q.device, block_size,
+                                                      _reflections(w)).seg_multiple())
     return ("path", step, q.device, specialisation(q, k, v, w, beta, g),
             cu_seqlens is None, block_size, specialised(seg))
 

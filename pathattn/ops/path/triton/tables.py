@@ -40,15 +40,20 @@ class CallTables(NamedTuple):
     pairs: tuple[torch.Tensor, int] | None
 
 
-def default_seg(n_max: int) -> int:
+def default_seg(n_max: int, multiple: int = 1) -> int:
     """Blocks per segment when the call gives none, for sequences of at most n_max blocks:
-    about sqrt(n_max), the smallest s with s * s >= n_max (1 for n_max <= 1)."""
-    return math.isqrt(max(n_max - 1, 0)) + 1
+    about sqrt(n_max), the smallest s with s * s >= n_max (1 for n_max <= 1), rounded up to
+    a multiple of `multiple` (`config.LaunchConfig.seg_multiple`) but not past n_max."""
+    if multiple < 1:
+        raise ValueError(f"multiple must be at least 1, got {multiple}")
+    s = math.isqrt(max(n_max - 1, 0)) + 1
+    return max(1, min(-(-s // multiple) * multiple, n_max)) if multiple > 1 else s
 
 
-def _build(B: int, T: int, cu_seqlens, BT: int, seg: int, device, pairs: bool) -> CallTables:
+def _build(B: int, T: int, cu_seqlens, BT: int, seg: int, device, pairs: bool,
+           seg_multiple: int = 1) -> CallTables:
     table, n_max = block_table(B, T, cu_seqlens, BT, device)
-    seg = seg if seg > 0 else default_seg(n_max)
+    seg = seg if seg > 0 else default_seg(n_max, seg_multiple)
     n_seq = B if cu_seqlens is None else cu_seqlens.numel() - 1
     slots, n_slots = segment_slots(table, seg, BT, n_seq)
     return CallTables(table, n_max, seg, slots, n_slots,
@@ -64,17 +69,19 @@ def _stream_key(device: torch.device):
 
 
 def call_tables(B: int, T: int, cu_seqlens: torch.Tensor | None, BT: int, seg: int,
-                device: torch.device, pairs: bool = False) -> CallTables:
+                device: torch.device, pairs: bool = False,
+                seg_multiple: int = 1) -> CallTables:
     """The tables of a call on B sequences of T tokens (or the packed cu_seqlens) in blocks
-    of BT tokens, seg blocks per segment (0: about sqrt of the blocks per sequence), on
-    `device`; pairs: also the segment-pair bases (the backward's)."""
+    of BT tokens, seg blocks per segment (0: `default_seg`, about sqrt of the blocks per
+    sequence rounded up to a multiple of seg_multiple), on `device`; pairs: also the
+    segment-pair bases (the backward's)."""
     stream = _stream_key(torch.device(device))
     if cu_seqlens is not None or stream is False:
-        return _build(B, T, cu_seqlens, BT, seg, device, pairs)
-    key = (str(device), stream, B, T, BT, seg)
+        return _build(B, T, cu_seqlens, BT, seg, device, pairs, seg_multiple)
+    key = (str(device), stream, B, T, BT, seg, seg_multiple)
     hit = _CACHE.get(key)
     if hit is None:
-        hit = _CACHE[key] = _build(B, T, None, BT, seg, device, True)
+        hit = _CACHE[key] = _build(B, T, None, BT, seg, device, True, seg_multiple)
         while len(_CACHE) > CACHE_SIZE:
             _CACHE.popitem(last=False)
     else:

@@ -103,6 +103,33 @@ def test_key_steps_per_device():
         assert all(n in (1, 2, 4) for n in steps.values()) and set(steps) <= set(config.STEPPED)
 
 
+def test_default_segments_hold_whole_steps_and_tiles():
+    """At D = 128 on the H100 (bf16) the default segment length is a multiple of the
+    forward's 4-block steps and the key kernel's 4-block tiles and 2-block query steps: 23
+    blocks at T = 16384 become 24; elsewhere it is about sqrt(blocks), as before. The op
+    takes the same length it was compiled for."""
+    from pathattn.ops.path.triton import op, tables
+
+    h100 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED, capability=(9, 0))
+    assert h100.kv_tiles() == (4 * h100.BT, 2 * h100.BT) and h100.launch("bwd_kv")[0] == 8
+    assert h100.seg_multiple() == 4
+    for cfg in (config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED,
+                                     capability=(9, 0)),
+                config.launch_config(128, 128, torch.float32, config.H100_SHARED,
+                                     capability=(9, 0))):
+        assert cfg.seg_multiple() == 1
+    assert [tables.default_seg(n, 4) for n in (1, 3, 64, 256, 512, 1024)] == [1, 3, 8, 16, 24,
+                                                                               32]
+    assert [tables.default_seg(n) for n in (1, 3, 64, 256, 512)] == [1, 2, 8, 16, 23]
+    with pytest.raises(ValueError, match="multiple"):
+        tables.default_seg(10, 0)
+    q = torch.zeros(1, 16384, 1, 128, dtype=torch.bfloat16)
+    w = torch.zeros(1, 16384, 1, 128, dtype=torch.bfloat16)
+    seg = op._setup(q, q, w, h100.BT, 0, 1, 16384, None)[1]
+    key = op._compile_key("fwd", q, q, q, w, q[..., 0], None, None, h100.BT, 0)
+    assert seg == 24 and key[-1] == op.specialised(24)
+
+
 def test_rows_must_divide_the_head_dim():
     from pathattn.ops.path.triton.segments import segment_grads
 
@@ -112,8 +139,9 @@ def test_rows_must_divide_the_head_dim():
 
 
 def test_ut_kernels_warps():
-    """The UT kernels run 8 warps, 4 where `UT_FOUR_WARPS` lists them; the scan kernels 4;
-    the launches of `MAXNREG_KERNELS` state maxnreg, the others not."""
+    """The UT kernels run 8 warps, 4 where `UT_FOUR_WARPS` lists them; the scan kernels 4,
+    but the key kernel where `KV_WARPS` lists it (8 at D = 128 on the H100); the launches of
+    `MAXNREG_KERNELS` state maxnreg, the others not."""
     h100 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0))
     a100 = config.launch_config(64, 64, torch.bfloat16, config.A100_SHARED, capability=(8, 0))
     h100_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
@@ -128,6 +156,8 @@ def test_ut_kernels_warps():
                       (h100_f32, set())):
         for k in config.KERNELS:
             warps = 4 if k not in config.UT_KERNELS or k in four else 8
+            if k == "bwd_kv" and cfg is h100_128:
+                warps = config.KV_WARPS[90, 128, True]
             assert cfg.launch(k)[0] == warps, (cfg, k)
             assert cfg.launch_kwargs(k)["num_warps"] == warps
             regs = config.MAX_REGISTERS if k in config.MAXNREG_KERNELS else None
