@@ -190,7 +190,7 @@ SHARED_BYTES_REFLECTIONS = {
 # (compiled ahead of time; 8 warps spill less but leave one block per SM). Head dims not
 # listed take whole blocks. sm_90, D 128, bf16: 128 keys (four 32-token blocks) by 64
 # queries at 8 warps, wgmma with 64-row slices (m64n64 and m64n128) instead of mma.sync:
-# per key-query pair of the query steps 0.48-0.49x the instructions of whole 32-token
+# per key-query pair of the query steps 0.53-0.58x the instructions of whole 32-token
 # blocks at 4 warps, with 1,248-1,420 B of spills, 0-9 spill loads / stores per step
 # (Triton 3.6 and 3.9, gates on and off; `benchmarks/static_vs_fla.py`); one block per SM.
 KV_TILES = {
