@@ -210,6 +210,10 @@ def launch_bwd_kv(ks, v, pi, pbase, G, ys, do, lse, delta, dG, dv, table, seg: i
     for name, x in (("keys", BKT), ("queries", BQ)):
         if x < 1 or x & (x - 1):  # then it divides the block length or is a multiple of it
             raise ValueError(f"tiles: {name} per tile must be a power of two, got {x}")
+    # tiles of several blocks no longer than a segment (a given short one): no tile mostly
+    # masked
+    most = BT * (1 << (max(seg, 1).bit_length() - 1))
+    BKT, BQ = (x if x <= BT else min(x, most) for x in (BKT, BQ))
     g64, (gs, ge) = G if G is not None else (lse, (lse, lse))
     if G is not None:  # each query row's own gate term, G_i - G_a0, taken out of its lse
         lse = (lse - gs.t()).contiguous()

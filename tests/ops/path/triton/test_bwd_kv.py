@@ -67,6 +67,34 @@ def test_tiles_must_be_powers_of_two(monkeypatch, tiles):
         run_with_grads(_on_device(path_attn_triton), inputs, dout, block_size=16, seg=1)
 
 
+def test_joined_tiles_no_longer_than_a_segment(monkeypatch):
+    """Tiles of 64 keys and queries with 16-token blocks and a given segment of 1 or 3
+    blocks launch as one block or two (no tile mostly masked), and stay exact."""
+    from pathattn.ops.path.triton import bwd_kv
+
+    for arch in (80, 90):
+        monkeypatch.setitem(config.KV_TILES, (arch, 32, False), (64, 64))
+    seen = []
+    launch = bwd_kv.launch_kernel
+
+    def spy(fn, grid):
+        run = launch(fn, grid)
+
+        def call(*args, **kw):
+            seen.append((kw["BKT"], kw["BQ"]))
+            return run(*args, **kw)
+        return call
+    monkeypatch.setattr(bwd_kv, "launch_kernel", spy)
+    inputs = make_inputs(1, 100, 2, 1, 32, 32, False)
+    dout = make_dout(1, 100, 2, 32)
+    ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout)
+    for seg, tiles in ((1, (16, 16)), (3, (32, 32))):
+        ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, block_size=16,
+                              seg=seg)
+        assert seen.pop() == tiles
+        assert_close_to_reference(ours, ref, F32_TOL)
+
+
 @pytest.mark.parametrize("tiles, block_size", [((32, 32), 16), ((64, 64), 32)],
                          ids=["tiles-of-2x16", "tiles-of-2x32"])
 def test_joined_blocks_across_gate_walls(monkeypatch, tiles, block_size):
