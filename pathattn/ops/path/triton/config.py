@@ -35,8 +35,9 @@ MAX_REFLECTION_TILE = 64  # rows of a block's reflection tile the default block 
 # (float32: peak over kernels, forward scan with 2 stages,
 #  16-bit:  peak over kernels, forward scan with 2 stages)
 # Upper bounds: an entry a kernel has grown past is raised to the fresh measurement
-# (`triton_fit.py --table`), one below it is left (2026-12-02: sm_90 D 128 bf16 peaks at
-# BT 16 and 32, the key kernel's 128-key tiles; four BT 16 entries at D 64 found below)
+# (`triton_fit.py --table`), one above it is left (2026-12-02: sm_90 D 128 bf16 peaks at
+# BT 16 and 32, the key kernel's 128-key tiles; sm_80 D 128 bf16 at BT 16, its 32-key
+# tiles; four BT 16 entries at D 64 found below)
 SHARED_BYTES = {
     80: {
         16: {
@@ -57,7 +58,7 @@ SHARED_BYTES = {
         128: {
             64: (147456, 196872, 163840, 81920),
             32: (81920, 98440, 65536, 40960),
-            16: (49152, 49224, 28672, 20480),
+            16: (49152, 49224, 40960, 20480),
         },
         256: {
             64: (294912, 393480, 262144, 163840),
@@ -114,7 +115,7 @@ SHARED_BYTES_REFLECTIONS = {
             },
             128: {
                 32: (98304, 131208, 86016, 57344),
-                16: (49152, 65608, 37888, 28672),
+                16: (49152, 65608, 40960, 28672),
             },
             256: {
                 32: (163840, 262280, 151552, 114688),
