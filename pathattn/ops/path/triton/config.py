@@ -36,8 +36,8 @@ MAX_REFLECTION_TILE = 64  # rows of a block's reflection tile the default block 
 #  16-bit:  peak over kernels, forward scan with 2 stages)
 # Upper bounds: an entry a kernel has grown past is raised to the fresh measurement
 # (`triton_fit.py --table`), one above it is left (2026-12-02: sm_90 D 128 bf16 peaks at
-# BT 16 and 32, the key kernel's 128-key tiles; sm_80 D 128 bf16 at BT 16, its 32-key
-# tiles; four BT 16 entries at D 64 found below)
+# BT 16 and 32, the key kernel's 128-key tiles; sm_80 D 128 and sm_90 D 256 bf16 at BT 16,
+# their 32-key tiles; four BT 16 entries at D 64 found below)
 SHARED_BYTES = {
     80: {
         16: {
@@ -90,7 +90,7 @@ SHARED_BYTES = {
         256: {
             64: (401408, 393480, 573440, 442368),
             32: (163840, 196744, 114688, 81920),
-            16: (98304, 98376, 53248, 40960),
+            16: (98304, 98376, 81920, 40960),
         },
     },
 }
@@ -141,7 +141,7 @@ SHARED_BYTES_REFLECTIONS = {
             },
             256: {
                 32: (163840, 262280, 221184, 114688),
-                16: (98304, 131144, 70656, 57344),
+                16: (98304, 131144, 81920, 57344),
             },
         },
     },
@@ -195,16 +195,18 @@ SHARED_BYTES_REFLECTIONS = {
 # blocks at 4 warps, with 1,248-1,420 B of spills, 0-9 spill loads / stores per step
 # (Triton 3.6 and 3.9, gates on and off; `benchmarks/static_vs_fla.py`); one block per SM.
 # sm_80, D 128, bf16: whole 32-token blocks, 0-52 B of spills and none in the loops (K'
-# read from memory), 0.42-0.44x the instructions per pair of 16 x 16 tiles.
+# read from memory), 0.42-0.44x the instructions per pair of 16 x 16 tiles. sm_90, D 256,
+# bf16: whole 32-token blocks at 8 warps (mma.sync), no spills, 0.61-0.64x the
+# instructions per pair of 16 x 16 at 4 warps; at 4 warps they spill 17 per step.
 KV_TILES = {
-    (90, 64, True): (64, 64), (90, 128, True): (128, 64), (90, 256, True): (16, 16),
+    (90, 64, True): (64, 64), (90, 128, True): (128, 64), (90, 256, True): (32, 32),
     (90, 64, False): (16, 32), (90, 128, False): (16, 16), (90, 256, False): (16, 16),
     (80, 64, True): (32, 32), (80, 128, True): (32, 32), (80, 256, True): (16, 16),
     (80, 64, False): (32, 16), (80, 128, False): (16, 16), (80, 256, False): (16, 16),
 }
 # (architecture, padded head dim, 16-bit inputs) -> num_warps of the key-parallel kernel
 # where not 4 (`KV_TILES`)
-KV_WARPS = {(90, 128, True): 8}
+KV_WARPS = {(90, 128, True): 8, (90, 256, True): 8}
 
 
 # kernels whose loop over earlier segments' blocks (the forward's and the query kernel's
