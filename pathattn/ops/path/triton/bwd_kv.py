@@ -72,10 +72,10 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
         if (t0 - s0) // BT % SEG % NB != 0:
             return
     rows = k0 + tl.arange(0, BKT)
+    kend = s1
     if NB > 1:  # within the segment
-        rmask = rows < tl.minimum(s1, s0 + (s + 1) * SEG * BT)
-    else:
-        rmask = rows < s1
+        kend = tl.minimum(s1, s0 + (s + 1) * SEG * BT)
+    rmask = rows < kend
     cq = tl.arange(0, BQ)
     cols = tl.arange(0, BD)
     cmask = cols < D
@@ -96,7 +96,7 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
         ge = tl.load(gate_ptrs(ge_ptr, hq, NTOK, k0, tl.arange(0, BKT)), mask=rmask,
                      other=0.0)
         if NB > 1:  # b1 of the tile's last block for all: G_j - G_b1 - (G_b1' - G_b1)
-            kb1 = tl.minimum(t0 + BKT, tl.minimum(s1, s0 + (s + 1) * SEG * BT)) - 1
+            kb1 = tl.minimum(t0 + BKT, kend) - 1
             b1 = tl.minimum(t0 + (tl.arange(0, BKT) // BT + 1) * BT - 1, kb1)
             ge -= (tl.load(g_ptr + row_offsets(kb1, HQ, hq))
                    - tl.load(g_ptr + row_offsets(b1, HQ, hq))).to(tl.float32)
@@ -107,21 +107,17 @@ def _bwd_kv_kernel(ks_ptr, v_ptr, pi_ptr, pbase_ptr, g_ptr, ge_ptr, ysd_ptr, do_
     tl.store(block_ptrs(dks_ptr, k0, lk, HQ * D, hq * D, cols),
              tl.zeros([BKT, BD], dtype=tl.float32), mask=rmask[:, None] & cmask[None, :])
     for p in range(s + 1, n_seg):  # later segments, left to right: K' = Ks Pi_{p-1,s}^T
-        if BK == BD:
-            if p - 1 == s:
-                Ks = load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask)
-            else:  # K' in the operand dtype, as Ks (half the registers of float32)
-                Ks = times_et(load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask),
-                              pi_ptr, pair_index(base, p - 1, s), h, H, cols, BD, DT, PREC,
-                              EMULATE).to(DT)
-        else:  # BK columns of Ks at a time, read from memory; K' waits in dksc's rows
+        if p - 1 == s:
+            Ks = load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask)
+        elif BK == BD:  # K' in the operand dtype, as Ks (half the registers of float32)
+            Ks = times_et(load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask), pi_ptr,
+                          pair_index(base, p - 1, s), h, H, cols, BD, DT, PREC, EMULATE).to(DT)
+        else:  # BK columns of Ks at a time, read from memory
+            Ks = times_et_sliced(ks_ptr, rows, rmask, H * D, h * D, D, pi_ptr,
+                                 pair_index(base, p - 1, s), h, H, BKT, BD, BK, DT, PREC,
+                                 EMULATE).to(DT)
+        if BK < BD:  # K' waits in dksc's rows
             tl.debug_barrier()  # every thread has read the last segment's dK from there
-            if p - 1 == s:
-                Ks = load_raw(ks_ptr, rows, rmask, H * D, h * D, cols, cmask)
-            else:
-                Ks = times_et_sliced(ks_ptr, rows, rmask, H * D, h * D, D, pi_ptr,
-                                     pair_index(base, p - 1, s), h, H, BKT, BD, BK, DT, PREC,
-                                     EMULATE).to(DT)
             tl.store(block_ptrs(dksc_ptr, k0, lk, HQ * D, hq * D, cols), Ks,
                      mask=rmask[:, None] & cmask[None, :])
             tl.debug_barrier()
