@@ -1,6 +1,6 @@
-"""Issued instructions of the attention scans, ours and fla's, counted without a GPU.
+"""Issued instructions of the attention kernels, ours and fla's, counted without a GPU.
 
-Both implementations' scan kernels are compiled ahead of time for sm_90 (H100) with the
+Both implementations' kernels are compiled ahead of time for sm_90 (H100) with the
 launch settings each picks on an H100: ours from `pathattn.ops.path.triton.config`, fla's
 as its launchers set them (fla-core 0.6.0: 128-query blocks, 64-key blocks, 512-token
 chunks in the backward, 4 warps, 8 at D = 128 for the 128-row kernels). Per loop of each
@@ -12,65 +12,46 @@ warp-instructions per head: the issue work the SM schedulers must do.
     python benchmarks/static_vs_fla.py                    # D 64, 128; gates on, off; T 2048-16384
     python benchmarks/static_vs_fla.py --heads 64 --gates on --seq-lens 8192 --json out.json
 
-Counted: ours `fwd`, `bwd` and `bwd_kv`; fla's `parallel_path_fwd_kernel`,
-`parallel_path_bwd_dq_kernel`, `parallel_path_bwd_dkv_kernel` and
-`parallel_path_bwd_intra_chunk_kernel`. Not counted: the O(T) kernels around them (ours:
-the UT transform and its backward, the segment kernels; fla's: the chunk preprocessing,
-the Householder products, the query transform), which matter most at T = 2048. Issue
-count is a proxy, not a time: a loop that waits on memory or on a chain of dependent
-products (the carried query state) runs slower than its instruction count says. fla must
-be importable (`PYTHONPATH=<dir with fla>`); without it only our columns are printed.
+Counted: the attention scans, ours `fwd`, `bwd` and `bwd_kv`, fla's
+`parallel_path_fwd_kernel`, `parallel_path_bwd_dq_kernel`, `parallel_path_bwd_dkv_kernel`
+and `parallel_path_bwd_intra_chunk_kernel`; and the kernels around them
+(`_static_linear.py`: ours the UT transform and its backward and the segment kernels;
+fla's every other kernel its forward and backward launch, recorded by `_fla_capture.py`:
+the chunk preprocessing, the triangular solve, the Householder products, the query
+transform, the gate sums). All of these are O(T) but fla's query transform, whose programs
+walk the query's earlier 64-token blocks back to the first 512-token chunk: O(T^2) in all.
+fla's autotuned kernels count at the configuration with the fewest instructions. Two ratio
+tables: the scans alone, and every Triton kernel (`--scans-only`: the first alone). Not
+counted: PyTorch operations on either side. Issue count is a proxy, not a time: a loop
+that waits on memory or on a chain of dependent products (the carried query state) runs
+slower than its instruction count says. fla must be importable (`PYTHONPATH=<dir with
+fla>`); without it only our columns are printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import json
 import os
 import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 if __name__ == "__main__":  # the kernels are compiled, not interpreted (imported, as by
     os.environ["TRITON_INTERPRET"] = "0"  # its tests, it leaves the environment alone)
 
+import _fla_capture  # noqa: E402
+import _static_linear  # noqa: E402
 import torch  # noqa: E402
+from _static_common import Kernel, Loop  # noqa: E402
+from _static_common import line as _line  # noqa: E402
 
 from pathattn.ops.path.triton import bwd, bwd_kv, crossings, fwd, segments  # noqa: E402
 from pathattn.ops.path.triton import inspect_kernels as ik  # noqa: E402
 from pathattn.ops.path.triton._common import tile_kwargs  # noqa: E402
 from pathattn.ops.path.triton.config import H100_SHARED, launch_config  # noqa: E402
 from pathattn.ops.path.triton.tables import default_seg  # noqa: E402
-
-# ------------------------------------------------------------------ where each loop is
-
-
-def _line(fn, text: str) -> str:
-    """'file.py:line' of the first source line of fn (a function or module) holding text."""
-    fn = getattr(fn, "fn", fn)
-    lines, start = inspect.getsourcelines(fn)
-    for i, line in enumerate(lines):
-        if text in line:
-            return f"{os.path.basename(inspect.getsourcefile(fn))}:{start + i}"
-    raise LookupError(f"{text!r} not in {fn.__name__}")
-
-
-@dataclass(frozen=True)
-class Loop:
-    loc: str  # 'file.py:line' of its `for`, as in `inspect_kernels.LoopInfo.loc`
-    trips: object  # program -> iterations of this loop's body in that program, all in all
-
-
-@dataclass(frozen=True)
-class Kernel:
-    side: str  # "ours" / "fla"
-    part: str  # "fwd" / "bwd"
-    name: str
-    programs: object  # (T, shape) -> list of programs of one head
-    loops: tuple  # Loop per loop of the kernel, in code order
 
 
 def _ours_shape(D: int) -> dict:
@@ -79,7 +60,8 @@ def _ours_shape(D: int) -> dict:
     bkt, bq = cfg.kv_tiles()
     return {"BT": cfg.BT, "BD": BD, "NS": BD // cfg.m_rows(BD), "NSK": BD // cfg.kv_rows(BD),
             "BKT": bkt, "BQ": bq, "FSTEP": cfg.key_steps("fwd"), "BSTEP": cfg.key_steps("bwd"),
-            "MULT": cfg.seg_multiple()}
+            "MULT": cfg.seg_multiple(), "NR": BD // min(BD, cfg.BT),
+            "NRB": BD // cfg.seg_bwd_rows(BD)}
 
 
 def _query_blocks(T: int, s: dict) -> list:
@@ -241,11 +223,15 @@ def _fla_signature(fn, D: int, gates: bool, constexprs: dict) -> tuple[dict, dic
 
 
 def _compile(job: tuple) -> dict:
-    """Child process: (side, name, D, gates) -> the report as JSON."""
+    """Child process: (side, name, D, gates) -> the report as JSON; fla's kernels around the scans:
+    ("fla-lin", launch index, D, gates), the launch recorded at T = 2048 (its kernel and
+    compile-time arguments are those of every T)."""
     side, name, D, gates = job
     warnings.filterwarnings("ignore")
     if side == "ours":
         return ik.inspect_kernel(name, D, torch.bfloat16, gates, "sm_90").to_json()
+    if side == "fla-lin":
+        return _compile_fla_launch(_fla_capture.launches(D, gates, CAPTURE_T)[name])
     constexprs, stages, wide = FLA_KERNELS[name][2:]
     fn = _fla_fn(name)
     sig, const = _fla_signature(fn, D, gates, constexprs)
@@ -253,21 +239,81 @@ def _compile(job: tuple) -> dict:
     return ik.inspect_jit(fn, sig, const, 90, num_warps=warps, num_stages=stages).to_json()
 
 
+CAPTURE_T = 2048  # the sequence length fla's other kernels are recorded at for compiling
+
+
+def _compile_fla_launch(la) -> dict:
+    """Compile one of fla's recorded launches for sm_90. Its triangular solve's TMA path
+    (which fla takes on an H100) fails to compile with some Triton versions (Triton 3.9:
+    an int64 TMA coordinate); it is then compiled without TMA, and the report says so."""
+    from pathattn.ops.path.triton.fit import compile_jit
+
+    sig, const, attrs = _fla_capture.compile_args(la)
+    try:
+        c = compile_jit(la.fn, sig, const, 90, la.num_warps, la.num_stages, "cubin", attrs)
+        note = ""
+    except Exception:  # noqa: BLE001 (Triton's compile errors have many types)
+        if not const.get("USE_TMA"):
+            raise
+        const = {**const, "USE_TMA": False}
+        c = compile_jit(la.fn, sig, const, 90, la.num_warps, la.num_stages, "cubin", attrs)
+        note = "without TMA"
+    return {**ik._report(la.name, c, 90, la.num_warps).to_json(), "note": note}
+
+
+def _kept(ptx: tuple, sass: tuple) -> list:
+    """The PTX loop each SASS loop belongs to, in code order (None: a second SASS loop of
+    one PTX loop). ptxas unrolls some loops of constant trip count (their instructions are
+    then their parent's, or straight code), and may split one loop in two (an unrolled
+    body and a remainder): each SASS loop is the next PTX loop of its depth; where the
+    SASS holds more loops of a depth than the PTX, a loop's extra SASS loops follow it and
+    count no iterations (a lower bound, met only in fla's cumulative sums: a few thousand
+    instructions)."""
+    kept, i = [], 0
+    for j, s in enumerate(sass):
+        left = sum(x.depth == s.depth for x in sass[j:])
+        ahead = sum(x.depth == s.depth for x in ptx[i:])
+        if kept and left > ahead and kept[-1] is not None and kept[-1].depth == s.depth:
+            kept.append(None)
+            continue
+        while i < len(ptx) and ptx[i].depth != s.depth:
+            i += 1
+        if i == len(ptx):
+            raise RuntimeError(f"SASS loops {[x.depth for x in sass]} do not follow the PTX "
+                               f"loops {[(x.loc, x.depth) for x in ptx]}")
+        kept.append(ptx[i])
+        i += 1
+    return kept
+
+
 def count(kernel: Kernel, r: ik.KernelReport, T: int, shape: dict) -> dict:
-    """Warp-instructions, MMA and spill loads / stores (LDL / STL) one head issues."""
+    """Warp-instructions, MMA and spill loads / stores (LDL / STL) one head issues. The
+    scans' loops must be those described, in code order; the loops of a kernel around them are found
+    by their source lines, and a described loop the compiler unrolled is in the straight
+    code (every loop compiled must be described)."""
     loops = r.sass_loops or ()
-    if len(loops) != len(kernel.loops):
-        raise RuntimeError(f"{kernel.side} {kernel.name}: {len(loops)} loops in the SASS, "
-                           f"{len(kernel.loops)} described here")
-    for want, got in zip(kernel.loops, r.loops, strict=True):
-        if want.loc and want.loc != got.loc:  # "" only where fla's source is not read
-            raise RuntimeError(f"{kernel.side} {kernel.name}: loop at {got.loc}, "
-                               f"expected {want.loc}")
+    if kernel.scan:
+        if len(loops) != len(kernel.loops):
+            raise RuntimeError(f"{kernel.side} {kernel.name}: {len(loops)} loops in the SASS, "
+                               f"{len(kernel.loops)} described here")
+        for want, got in zip(kernel.loops, r.loops, strict=True):
+            if want.loc and want.loc != got.loc:  # "" only where fla's source is not read
+                raise RuntimeError(f"{kernel.side} {kernel.name}: loop at {got.loc}, "
+                                   f"expected {want.loc}")
+        described = list(kernel.loops)
+    else:
+        by_loc = {lp.loc: lp for lp in kernel.loops}
+        missing = [x.loc for x in r.loops if x.loc not in by_loc]
+        if missing:
+            raise RuntimeError(f"{kernel.side} {kernel.name}: loops at {missing} not described "
+                               f"(described: {sorted(by_loc)})")
+        described = [by_loc[x.loc] if x is not None else Loop("", lambda p, s: 0)
+                     for x in _kept(r.loops, loops)]
     straight = r.sass_instructions - sum(x.instructions for x in loops)
     straight_mma = r.sass_mma_total - sum(x.mma for x in loops)
     straight_fma = r.sass_fma - sum(x.fma for x in loops)
     progs = kernel.programs(T, shape)
-    trips = [sum(lp.trips(p, shape) for p in progs) for lp in kernel.loops]
+    trips = [sum(lp.trips(p, shape) for p in progs) for lp in described]
     w = r.num_warps
     per_loop = list(zip(trips, loops, strict=True))
     return {
@@ -293,12 +339,46 @@ def cycles(c: dict) -> dict:
     return {"issue": issue, "tensor": tensor, "bound": max(issue, tensor)}
 
 
+def _kernels(D: int, gates: bool, T: int, have_fla: bool, scans_only: bool) -> list[Kernel]:
+    """Every kernel counted at head dim D, gates on or off, T tokens: our scans and the
+    kernels around them, fla's (those around its scans from its launches recorded at T)."""
+    ks = _ours(D) + ([] if scans_only else _static_linear.ours(D, _ours_shape(D)))
+    if have_fla:
+        ks += _fla()
+        if not scans_only:
+            ks += _static_linear.fla(_fla_capture.launches(D, gates, T))
+    return ks
+
+
+def _job(k: Kernel, D: int, gates: bool) -> tuple:
+    return ("fla-lin", k.launch, D, gates) if k.launch is not None else (k.side, k.name, D,
+                                                                            gates)
+
+
+def _fewest(rows: list) -> list:
+    """Of each autotuned fla kernel's configurations (consecutive launches of one kernel
+    with a configuration), the one with the fewest instructions."""
+    out, run = [], []
+    for row in rows + [None]:
+        k = row and row[0]
+        if run and (k is None or not k.config or (k.part, k.name) != run[0][0].key):
+            out.append(min((x[1] for x in run), key=lambda r: r[2]["instructions"]))
+            run = []
+        if k is not None and k.config:
+            run.append((type("K", (), {"key": (k.part, k.name)}), row))
+        elif k is not None:
+            out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--heads", default="64,128", help="head dims, comma-separated")
     ap.add_argument("--gates", choices=("on", "off", "both"), default="both")
     ap.add_argument("--seq-lens", default="2048,8192,16384")
     ap.add_argument("--jobs", type=int, default=2, help="compilations side by side")
+    ap.add_argument("--scans-only", action="store_true",
+                    help="the attention scans only, not the kernels around them")
     ap.add_argument("--json", help="write every count here")
     args = ap.parse_args()
     heads = [int(x) for x in args.heads.split(",")]
@@ -316,15 +396,20 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 (fla's import fails in many ways without a GPU)
         print(f"fla not importable ({type(e).__name__}: {e}): our columns only")
         have_fla = False
-    kernels = {D: _ours(D) + (_fla() if have_fla else []) for D in heads}
-    jobs = [(k.side, k.name, D, g) for D in heads for g in gates for k in kernels[D]]
+    jobs = list(dict.fromkeys(
+        _job(k, D, g) for D in heads for g in gates
+        for k in _kernels(D, g, CAPTURE_T, have_fla, args.scans_only)))
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        reports = {job: ik.KernelReport.from_json(r)
-                   for job, r in zip(jobs, pool.map(_compile, jobs), strict=True)}
+        raw = dict(zip(jobs, pool.map(_compile, jobs), strict=True))
+    reports = {job: ik.KernelReport.from_json({k: v for k, v in r.items() if k != "note"})
+               for job, r in raw.items()}
     results = []
     print(f"sm_90, bf16, R 1, one head, Triton {_triton_version()}: warp-instructions issued "
           "(millions; spill loads / stores among them), MMA instructions (thousands), "
-          "SM-cycles to issue them and to run the products (millions)\n")
+          "SM-cycles to issue them and to run the products (millions); * marks a kernel "
+          "around the scans, fla's autotuned ones at the configuration with the fewest "
+          "instructions\n")
+    scopes = ("scans",) if args.scans_only else ("scans", "all")
     for D in heads:
         shape = _ours_shape(D)
         for g in gates:
@@ -335,36 +420,54 @@ def main() -> None:
             sums = []
             for T in seq_lens:
                 tot: dict = {}
-                for k in kernels[D]:
-                    r = reports[(k.side, k.name, D, g)]
-                    c = count(k, r, T, shape)
+                rows = []
+                for k in _kernels(D, g, T, have_fla, args.scans_only):
+                    r = reports[_job(k, D, g)]
+                    rows.append((k, r, count(k, r, T, {**shape, "T": T})))
+                for k, r, c in _fewest(rows):
                     cy = cycles(c)
+                    note = raw[_job(k, D, g)].get("note", "")
                     results.append({"D": D, "gates": g, "T": T, "side": k.side,
-                                    "part": k.part, "kernel": k.name, "regs": r.regs,
+                                    "part": k.part, "kernel": k.name, "scan": k.scan,
+                                    "config": dict(k.config), "note": note, "regs": r.regs,
                                     "spills": r.spills, "warps": r.num_warps, **c,
                                     "cycles": cy})
-                    for part in (k.part, "fwd+bwd"):
-                        t = tot.setdefault((k.side, part), dict.fromkeys(
-                            ("instructions", "fma", "bound"), 0.0))
-                        t["instructions"] += c["instructions"]
-                        t["fma"] += c["fma"]
-                        t["bound"] += cy["bound"]  # the kernels run one after another
-                    print(f"| {T} | {k.side} | {k.name} | {r.num_warps} | {r.regs} | "
+                    for scope in scopes:
+                        if scope == "scans" and not k.scan:
+                            continue
+                        for part in (k.part, "fwd+bwd"):
+                            t = tot.setdefault((k.side, part, scope), dict.fromkeys(
+                                ("instructions", "fma", "bound"), 0.0))
+                            t["instructions"] += c["instructions"]
+                            t["fma"] += c["fma"]
+                            t["bound"] += cy["bound"]  # the kernels run one after another
+                    name = k.name if k.scan else f"* {k.name}"
+                    if k.config:
+                        name += " " + ", ".join(f"{a}={v}" for a, v in k.config)
+                    if note:
+                        name += f", {note}"
+                    print(f"| {T} | {k.side} | {k.part} {name} | {r.num_warps} | {r.regs} | "
                           f"{r.spills} | {c['instructions'] / 1e6:.2f} "
                           f"({c['local'] / 1e6:.2f}) | {c['mma'] / 1e3:.1f} | "
                           f"{cy['issue'] / 1e6:.2f} / {cy['tensor'] / 1e6:.2f} |")
                 if have_fla:
-                    sums.append((T, {p: {x: tot[("ours", p)][x] / tot[("fla", p)][x]
-                                         for x in ("instructions", "fma", "bound")}
-                                     for p in ("fwd", "bwd", "fwd+bwd")}))
-            if sums:
-                print("\nours / fla: instructions issued, multiply-adds, and the larger of "
-                      "issue and tensor cycles per kernel, summed:\n")
+                    sums.append((T, {scope: {p: {x: tot[("ours", p, scope)][x]
+                                                 / tot[("fla", p, scope)][x]
+                                                 for x in ("instructions", "fma", "bound")}
+                                             for p in ("fwd", "bwd", "fwd+bwd")}
+                                     for scope in scopes}))
+            for scope in scopes if sums else ():
+                what = ("the attention scans" if scope == "scans"
+                        else "every Triton kernel, those around the scans included")
+                print(f"\nours / fla, {what}: instructions issued, multiply-adds, and the "
+                      "larger of issue and tensor cycles per kernel, summed:\n")
                 print("| T | fwd | bwd | fwd + bwd |\n|---|---|---|---|")
                 for T, rat in sums:
-                    results.append({"D": D, "gates": g, "T": T, "ours_over_fla": rat})
+                    results.append({"D": D, "gates": g, "T": T, "scope": scope,
+                                    "ours_over_fla": rat[scope]})
                     print(f"| {T} | " + " | ".join(
-                        " / ".join(f"{rat[p][x]:.2f}" for x in ("instructions", "fma", "bound"))
+                        " / ".join(f"{rat[scope][p][x]:.2f}"
+                                   for x in ("instructions", "fma", "bound"))
                         for p in ("fwd", "bwd", "fwd+bwd")) + " |")
             print()
     if args.json:

@@ -98,3 +98,96 @@ def test_loops_must_match_the_description():
     with pytest.raises(RuntimeError, match="2 loops in the SASS, 1 described"):
         sv.count(kernel, ik.KernelReport(**{**r.__dict__, "loops": (loop, loop), "sass_loops": (
             r.sass_loops[0], r.sass_loops[0])}), 64, {})
+
+
+@pytest.mark.parametrize("D, T", [(64, 2048), (128, 2048), (128, 16384)])
+def test_ours_linear_loops_cover_the_blocks(D, T):
+    """The O(T) kernels: `seg` and `seg_bwd` step once through every block per group of rows
+    of E, `pi` forms each segment q's products with the q - 1 segments before it but one."""
+    import _static_linear as sl
+
+    shape = {**sv._ours_shape(D), "T": T}
+    n = T // shape["BT"]
+    seg = sv.default_seg(n, shape["MULT"])
+    n_seg = -(-n // seg)
+    kernels = {(k.part, k.name): k for k in sl.ours(D, shape)}
+    assert _trips(kernels["fwd", "seg"], T, shape) == [n * shape["NR"]]
+    assert _trips(kernels["bwd", "seg"], T, shape) == [n * shape["NR"]]
+    assert _trips(kernels["bwd", "seg_bwd"], T, shape) == [n * shape["NRB"]]
+    pi = _trips(kernels["bwd", "pi"], T, shape)
+    products = sum(q - 1 for q in range(1, n_seg - 1)) * shape["NR"]
+    assert pi == ([products, products * shape["NS"]] if shape["NS"] > 1 else [products])
+    for name in ("ut_fwd", "ut_bwd_q", "ut_bwd"):
+        k = next(x for x in kernels.values() if x.name == name)
+        assert len(k.programs(T, shape)) == n and k.loops == ()
+
+
+def _report(loops: tuple, sass: tuple) -> ik.KernelReport:
+    return ik.KernelReport("probe", 90, 4, 0, 32, 0, 1, "regs", {}, {}, 0, 0, 0, "", loops,
+                           sass_mma_total=0, sass_loops=sass, sass_instructions=100,
+                           sass_fma=0)
+
+
+def test_linear_kernels_match_loops_by_line():
+    """An O(T) kernel's loops are found by source line: one ptxas unrolled counts in the
+    straight code, a second SASS loop of one PTX loop (a split) counts no iterations, and a
+    loop not described is refused."""
+    outer, inner = ik.LoopInfo("k.py:5", 1, False, 0, 0), ik.LoopInfo("k.py:6", 2, True, 0, 0)
+    kernel = sv.Kernel("fla", "fwd", "probe", lambda T, s: [0, 1],
+                       (sv.Loop("k.py:5", lambda p, s: 3), sv.Loop("k.py:6", lambda p, s: 2)),
+                       scan=False)
+    # the inner loop unrolled: one SASS loop, the outer one's
+    c = sv.count(kernel, _report((outer, inner), (ik.SassLoop(1, 10, 0, 0),)), 64, {})
+    assert c["trips"] == [6] and c["instructions"] == 4 * (2 * 90 + 6 * 10)
+    # the outer loop split in two: the second SASS loop counts nothing
+    split = (ik.SassLoop(1, 10, 0, 0), ik.SassLoop(1, 7, 0, 0))
+    c = sv.count(kernel, _report((outer,), split), 64, {})
+    assert c["trips"] == [6, 0] and c["instructions"] == 4 * (2 * 83 + 6 * 10)
+    with pytest.raises(RuntimeError, match=r"loops at \['k.py:9'\] not described"):
+        sv.count(kernel, _report((ik.LoopInfo("k.py:9", 1, True, 0, 0),),
+                                 (ik.SassLoop(1, 10, 0, 0),)), 64, {})
+
+
+def test_fewest_keeps_one_configuration_per_autotuned_run():
+    def k(name, config):
+        return sv.Kernel("fla", "fwd", name, None, (), scan=False, config=config)
+
+    rows = [(k("a", (("BT", 32),)), None, {"instructions": 5}),
+            (k("a", (("BT", 64),)), None, {"instructions": 3}),
+            (k("b", ()), None, {"instructions": 9}),
+            (k("a", (("BT", 32),)), None, {"instructions": 1}),
+            (k("a", (("BT", 64),)), None, {"instructions": 2})]
+    kept = sv._fewest(rows)
+    assert [(x[0].name, x[2]["instructions"]) for x in kept] == [("a", 3), ("b", 9), ("a", 1)]
+
+
+_CAPTURE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import _fla_capture as fc
+launches = fc.launches(64, True, 1024)
+fwd = next(x for x in launches if x.name == "parallel_path_fwd_kernel")
+sig, const, _ = fc.compile_args(fwd)
+print(json.dumps({"names": sorted({x.part + " " + x.name for x in launches}),
+                  "grid": fwd.grid, "warps": fwd.num_warps, "k": sig["k"], "BT": const["BT"]}))
+"""
+
+
+def test_fla_capture_records_every_launch():
+    """fla's forward and backward recorded on CPU (skipped without fla; in a child process,
+    as the recorder patches Triton's compiled launches, which the interpreter replaces):
+    the four scans and the O(T) kernels around them."""
+    import json
+    import subprocess
+
+    pytest.importorskip("fla.ops.path_attn")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    out = subprocess.run([sys.executable, "-c", _CAPTURE, bench], env=env, check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert {"fwd parallel_path_fwd_kernel", "bwd parallel_path_bwd_dq_kernel",
+            "bwd transform_q_fwd_kernel", "fwd chunk_global_cumsum_scalar_kernel",
+            "bwd chunk_global_cumsum_scalar_kernel"} <= set(got["names"])
+    assert got["grid"] == [1024 // 128, 1] and got["warps"] == 4
+    assert got["k"] == "*bf16" and got["BT"] == 128

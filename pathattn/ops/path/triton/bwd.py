@@ -322,7 +322,8 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
              scale: float, seg: int, BT: int, BD: int, BDV: int, dt, tdt, prec: str,
              emulate: bool, BK: int, BKV: int, launch: dict | None = None,
              seg_launch: dict | None = None, kv_launch: dict | None = None,
-             kv_tiles: tuple[int, int] | None = None, seg_rows: int | None = None):
+             kv_tiles: tuple[int, int] | None = None, seg_rows: int | None = None,
+             seg_bwd_launch: dict | None = None):
     """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv] (q's dtype), lse and
     delta = rowsum(dO * O) [N, HQ] (float32), the segment slots of
     `segments.segment_slots` and pairs = (pair bases, rows) of `crossings.segment_pairs`
@@ -336,8 +337,8 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     kernel; launch /
     seg_launch / kv_launch: num_warps / num_stages of the query-parallel scan, of the
     segment kernels (`segments`, `crossings`) and of the key-parallel kernel (`bwd_kv`);
-    kv_tiles: the latter's (BKT, BQ); seg_rows: the rows of E per program of
-    `segments.segment_grads`.
+    kv_tiles: the latter's (BKT, BQ); seg_rows and seg_bwd_launch: the rows of E per
+    program and num_warps / num_stages of `segments.segment_grads` (default: seg_launch).
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
@@ -378,5 +379,5 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     dv = dvq if HQ == H else (dv + _group_sum(dvq, H)).to(v.dtype)
     dks = _group_sum(dks, H)
     segment_grads(w, u, kt, e, dks, dms, table, slots, seg, BT, BD, prec, dt, tdt, emulate,
-                  dkt, du, dwp, R, seg_launch, seg_rows)
+                  dkt, du, dwp, R, seg_bwd_launch or seg_launch, seg_rows)
     return dqt, dsd, dv, dkt, du, dwp, dG

@@ -20,9 +20,10 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "KV_WARPS", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
-           "STEPPED", "KEY_STEPS", "step_table",
-           "SEG_BWD_ROWS", "pipe_table", "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS",
-           "UT_FOUR_WARPS", "ut_warps", "device_settings"]
+           "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "pipe_table",
+           "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS", "UT_FOUR_WARPS",
+           "UT_FOUR_WARPS_R1", "ut_warps",
+           "device_settings"]
 
 KERNELS = ("ut_fwd", "seg", "fwd", "pi", "bwd", "bwd_kv", "seg_bwd", "ut_bwd_q", "ut_bwd_dk",
            "ut_bwd", "ut_bwd_inv")
@@ -231,10 +232,16 @@ STEPPED = ("fwd", "bwd")
 # (`test_compiled.py`, one wgmma width); with R > 1 (16-token blocks) four blocks spill.
 KEY_STEPS = {(90, 128, 32): {"fwd": 4, "bwd": 2}}
 # architecture -> rows of a segment's products E per program of the segment backward
-# (`segments.segment_grads`), where not min(BD, BT): at 64 rows on sm_80 it spills 5.6 KB
-# per thread (1,103 spill loads / stores per block at D = 64); at 32 rows, 1.6 KB (302 per
-# block, two programs per block)
+# (`segments.segment_grads`), where not min(BD, BT) (and at most BT): at 64 rows on sm_80
+# it spills 5.6 KB per thread (1,103 spill loads / stores per block at D = 64); at 32
+# rows, 1.6 KB (302 per block, two programs per block)
 SEG_BWD_ROWS = {80: 32}
+# (architecture, padded head dim, 16-bit inputs) -> (rows of E per program, num_warps) of
+# the segment backward where they differ from `SEG_BWD_ROWS` and 4 warps. sm_90, D 128,
+# bf16: 64 rows at 8 warps, no spills (Triton 3.6 and 3.9), 0.75-0.77x the instructions
+# per block of 32 rows at 4 warps (which spill 0-144 B, 19 spill loads / stores per block
+# with Triton 3.9; `benchmarks/static_vs_fla.py`)
+SEG_BWD_WIDE = {(90, 128, True): (64, 8)}
 # the UT transform's kernels: one program per block and head, no loop, and with TF32 /
 # 3xTF32 operands held in registers. 8 warps halve each thread's share of their tiles and
 # spill less than 4 (compiled ahead of time with Triton 3.6 and 3.9: sm_90, D 128, bf16,
@@ -243,9 +250,18 @@ SEG_BWD_ROWS = {80: 32}
 # UT tile BTR = BT * R rounded up to a power of two) -> kernels that keep 4 warps. sm_90,
 # D 64, bf16: ut_fwd spills 0 B at 4 warps, 392 B at 8, ut_bwd 0 B and 88 B; sm_80, D 256,
 # float32, BTR 64: ut_bwd_q and ut_bwd need more shared memory at 8 warps than an A100 has.
+# sm_90, D 128, bf16, BTR 32 (R 1 and 2): at 4 warps ut_bwd_q, ut_bwd_dk and ut_bwd_inv
+# issue 0.57-0.73x the instructions of 8 (per block, Triton 3.6 and 3.9,
+# `benchmarks/static_vs_fla.py`), with 0-112 B of spills at R = 1 (none at R = 2; these
+# kernels have no loop); ut_bwd keeps 8 (at 4 it spills 328-600 B). UT_FOUR_WARPS_R1: the
+# same, with one reflection per token only: sm_90, D 128, bf16, ut_fwd at 4 warps issues
+# 0.60-0.61x the instructions of 8 with 72-80 B of spills (40 B at 8); with R = 2 (16-token
+# blocks) it spills 56 B at 4 warps and none at 8.
 UT_KERNELS = ("ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv")
 UT_FOUR_WARPS = {(90, 64, True, 64): ("ut_fwd", "ut_bwd"),
+                 (90, 128, True, 32): ("ut_bwd_q", "ut_bwd_dk", "ut_bwd_inv"),
                  (80, 256, False, 64): ("ut_bwd_q", "ut_bwd")}
+UT_FOUR_WARPS_R1 = {(90, 128, True, 32): ("ut_fwd",)}
 # registers per thread ptxas may allocate (the PTX directive .maxnreg: Triton's launch
 # option maxnreg), stated at the launches of `MAXNREG_KERNELS`. Without it ptxas (12.8 of
 # Triton 3.6 as 13.4 of Triton 3.9) compiles some UT kernels to 32 registers and tens of KB
@@ -263,9 +279,9 @@ MAXNREG_KERNELS = UT_KERNELS
 def ut_warps(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:
     """(kernel, num_warps) pairs of the UT kernels on architecture `arch` for padded head dim
     BD, inputs of `dtype`, block length BT and R reflections per token (`UT_KERNELS`,
-    `UT_FOUR_WARPS`)."""
-    BTR = BT * padded_reflections(R)
-    four = UT_FOUR_WARPS.get((arch, BD, dtype != torch.float32, BTR), ())
+    `UT_FOUR_WARPS`, `UT_FOUR_WARPS_R1`)."""
+    key = (arch, BD, dtype != torch.float32, BT * padded_reflections(R))
+    four = UT_FOUR_WARPS.get(key, ()) + (UT_FOUR_WARPS_R1.get(key, ()) if R == 1 else ())
     return tuple((k, 4 if k in four else 8) for k in UT_KERNELS)
 
 
@@ -318,8 +334,9 @@ class LaunchConfig:
         return dict(self.warps).get(kernel, 4), dict(self.stages).get(kernel, 1)
 
     def seg_bwd_rows(self, BD: int) -> int:
-        """Rows of E per program of the segment backward (`seg_rows`, else min(BD, BT))."""
-        return min(BD, self.BT, self.seg_rows or BD)
+        """Rows of E per program of the segment backward: min(BD, `seg_rows`), else
+        min(BD, BT)."""
+        return min(BD, self.seg_rows or self.BT)
 
     def pipe_stages(self, kernel: str) -> int:
         """Pipeline depth of the loop over earlier segments' blocks of a `PIPELINED` kernel
@@ -480,14 +497,15 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
 def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> dict:
     """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
-    warps (`ut_warps`, `KV_WARPS`), R, kv (`kv_tiles`), pipe (`pipe_table`), steps (`step_table`),
-    seg_rows (`SEG_BWD_ROWS`)."""
+    warps (`ut_warps`, `KV_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe (`pipe_table`),
+    steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`)."""
     kv_warps = KV_WARPS.get((arch, BD, dtype != torch.float32))
-    return {"warps": ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),)
-                                                          if kv_warps else ()), "R": R,
+    wide = SEG_BWD_WIDE.get((arch, BD, dtype != torch.float32))
+    warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
+    return {"warps": warps + ((("seg_bwd", wide[1]),) if wide else ()), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),
-            "seg_rows": SEG_BWD_ROWS.get(arch, 0)}
+            "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT)}
 
 
 def step_table(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:

@@ -12,8 +12,10 @@ before the query's segment, with e the last block of s and f its first,
     y^(s-1) = y^(s) M_s,  M_s = E_f Pt_f               (the whole segment's transition)
 
 so a query state crosses a segment with one D x D product and meets the segment's key
-blocks without a transition in between. `_seg_kernel` computes, per block, E_c (stored when
-the backward asks for it), Ks_c and, for a segment's first block, M_s. M_s of every crossed
+blocks without a transition in between. `_seg_kernel` walks each segment right to left
+(one program per segment, head and group of rows of E), with E_c = E_{c+1} Pt_{c+1}: per
+block E_c (stored when the backward asks for it) and Ks_c, and at its first block M_s, one
+transition product per block in all. M_s of every crossed
 segment is stored in a compact slot table (`segment_slots`); the last segment of each
 sequence is never crossed and the first never needs its product, so neither is stored.
 
@@ -46,7 +48,6 @@ from ._common import (
     block_reflections,
     device_fn,
     e_offsets,
-    full_block_reflections,
     load_raw,
     mm_lp,
     reflection_tile,
@@ -78,7 +79,7 @@ def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_pt
                 BT: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr,
                 R: tl.constexpr, BTR: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
                 STORE_E: tl.constexpr, EMULATE: tl.constexpr):
-    blk = tl.program_id(0)
+    blk = tl.program_id(0)  # a segment's first block, else nothing to do
     h = tl.program_id(1)
     r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
     t0 = tl.load(table_ptr + blk * 3)
@@ -86,36 +87,39 @@ def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_pt
     s1 = tl.load(table_ptr + blk * 3 + 2)
     if t0 >= s1:  # an empty row of the table
         return
-    c = (t0 - s0) // BT
+    f = (t0 - s0) // BT
+    if f % SEG != 0:
+        return
     last = (s1 - s0 + BT - 1) // BT - 1
-    e = tl.minimum((c // SEG + 1) * SEG - 1, last)
+    e = tl.minimum(f + SEG - 1, last)
+    crossed = (f > 0) & (e < last)  # M_s = E_f Pt_f is needed
     cols = tl.arange(0, BD)
     cmask = cols < D
     rr = r0 + tl.arange(0, BR)
-    # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U
+    lt = tl.arange(0, BT)
+    # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U;
+    # right to left over the segment, E_c = E_{c+1} Pt_{c+1} from E_e = I
     E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
-    for i in range(0, e - c):  # blocks e, e-1, ..., c+1 (e may be partial)
-        kr, kmask = block_reflections(s0 + (e - i) * BT, s1, BT, R, BTR)  # [BTR]
-        Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
-        Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
-        E = E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
-    if STORE_E:
-        tl.store(e_ptr + e_offsets(blk, h, H, rr, cols, BD), E)
-    # Ks_c[:, rr] = K~_c E[rr]^T
-    rows = t0 + tl.arange(0, BT)
-    rmask = rows < s1
-    Kt = load_raw(kt_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
-    ks = mm_lp(Kt, tl.trans(E), DT, PREC, EMULATE)  # [BT, BR]
-    tl.store(ks_ptr + tile_offsets(rows, H * D, h * D, rr), ks,
-             mask=rmask[:, None] & (rr < D)[None, :])
-    sg = c // SEG
-    if (c == sg * SEG) & (sg > 0) & (e < last):  # a crossed segment's first block f
-        wr, wmask = full_block_reflections(t0, BT, R, BTR)
-        Wf = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
-        Uf = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
-        M = E - mm_lp(mm_lp(E, tl.trans(Wf), TDT, PREC, EMULATE), Uf, TDT, PREC, EMULATE)
+    for i in range(0, e - f + 1):  # blocks e, e-1, ..., f (e may be partial)
+        c = e - i
+        tb = s0 + c * BT
+        if STORE_E:
+            tl.store(e_ptr + e_offsets(blk + c - f, h, H, rr, cols, BD), E)
+        # Ks_c[:, rr] = K~_c E_c[rr]^T
+        rows = tb + lt
+        rmask = rows < s1
+        Kt = load_raw(kt_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+        ks = mm_lp(Kt, tl.trans(E), DT, PREC, EMULATE)  # [BT, BR]
+        tl.store(ks_ptr + tile_offsets(rows, H * D, h * D, rr), ks,
+                 mask=rmask[:, None] & (rr < D)[None, :])
+        if (c > f) | crossed:  # E_{c-1} = E_c Pt_c, or M_s = E_f Pt_f
+            kr, kmask = block_reflections(tb, s1, BT, R, BTR)  # [BTR]
+            Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
+            Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
+            E = E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
+    if crossed:
         slot = tl.load(slot_ptr + blk)
-        tl.store(ms_ptr + e_offsets(slot, h, H, rr, cols, BD), M)
+        tl.store(ms_ptr + e_offsets(slot, h, H, rr, cols, BD), E)
 
 
 def segment_keys(w, u, kt, table, slots, n_slots: int, seg: int, BT: int, BD: int, prec: str,
@@ -123,8 +127,8 @@ def segment_keys(w, u, kt, table, slots, n_slots: int, seg: int, BT: int, BD: in
                  launch: dict | None = None):
     """Ks [N, H, D] (kt's dtype), M [n_slots, H, BD, BD] and, with store_e, E [NB, H, BD,
     BD] (u's dtype; else None) from w, u [N * R, H, D] (R reflections per token) and the
-    block keys kt [N, H, D]; see the module docstring. One program per block, head and
-    group of min(BD, BT) rows of E."""
+    block keys kt [N, H, D]; see the module docstring. One program per segment (the table
+    row of its first block), head and group of min(BD, BT) rows of E."""
     N, H, D = kt.shape
     BR = min(BD, BT)
     ks = torch.empty_like(kt)

@@ -39,6 +39,13 @@ def test_devices_settings():
         assert h100.launch_kwargs(k)["PIPE"] == h100.pipe_stages(k)
     assert h100.seg_bwd_rows(64) == 64
     assert "PIPE" not in h100.launch_kwargs("ut_fwd")
+    # sm_90, D 128, bf16: 64 rows of E (two 32-token blocks' worth) at 8 warps
+    h100_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
+                                    capability=(9, 0))
+    assert (h100_128.BT, h100_128.seg_bwd_rows(128)) == (32, 64)
+    assert h100_128.launch("seg_bwd")[0] == 8 and h100_128.launch("seg")[0] == 4
+    assert config.launch_config(128, 128, torch.bfloat16, config.A100_SHARED,
+                                capability=(8, 0)).seg_bwd_rows(128) == 32
 
 
 @pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
@@ -49,14 +56,41 @@ def test_other_settings_through_the_interpreter(monkeypatch, gates, cu):
     monkeypatch.setitem(config.SEG_BWD_ROWS, 90, 8)
     cfg = config.launch_config(32, 32, torch.float32, None, 16)
     assert (cfg.pipe_stages("fwd"), cfg.pipe_stages("bwd"), cfg.seg_bwd_rows(32)) == (3, 2, 8)
-    T = 70
-    inputs = make_inputs(1, T, 2, 1, 32, 32, gates)
-    dout = make_dout(1, T, 2, 32)
+    _against_reference(gates, cu, seg=1)
+
+
+def _against_reference(gates: bool, cu, seg: int) -> None:
+    """D = 32, 16-token blocks, 70 tokens: forward and every gradient against float64."""
+    inputs = make_inputs(1, 70, 2, 1, 32, 32, gates)
+    dout = make_dout(1, 70, 2, 32)
     cu_seqlens = None if cu is None else torch.tensor(cu)
     ours = run_with_grads(_on_device(path_attn_triton), inputs, dout, cu_seqlens=cu_seqlens,
-                          block_size=16, seg=1)
+                          block_size=16, seg=seg)
     ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)
+
+
+@pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
+def test_segment_backward_rows_past_the_block(monkeypatch, gates, cu):
+    """`SEG_BWD_WIDE` (the H100's 64 rows of E at D = 128, 32-token blocks): more rows of E
+    per program of the segment backward than a block has tokens, and its own launch
+    settings reaching `segment_grads`. D = 32, 16-token blocks, all 32 rows of E in one
+    program, against the float64 reference."""
+    from pathattn.ops.path.triton import bwd
+
+    monkeypatch.setitem(config.SEG_BWD_WIDE, (90, 32, False), (32, 8))
+    cfg = config.launch_config(32, 32, torch.float32, None, 16)
+    assert (cfg.seg_bwd_rows(32), cfg.launch("seg_bwd")[0]) == (32, 8)
+    seen = []
+
+    def spy(*args):
+        seen.append((args[-1], args[-2]))  # rows, launch
+        return segment_grads(*args)
+
+    segment_grads = bwd.segment_grads
+    monkeypatch.setattr(bwd, "segment_grads", spy)
+    _against_reference(gates, cu, seg=2)
+    assert [(rows, launch["num_warps"]) for rows, launch in seen] == [(32, 8)]
 
 
 @pytest.mark.parametrize("steps, B, T, HQ, H, gates, cu, seg", [
@@ -140,7 +174,8 @@ def test_rows_must_divide_the_head_dim():
 
 def test_ut_kernels_warps():
     """The UT kernels run 8 warps, 4 where `UT_FOUR_WARPS` lists them; the scan kernels 4,
-    but the key kernel where `KV_WARPS` lists it (8 at D = 128 on the H100); the launches of
+    but the key kernel where `KV_WARPS` lists it and the segment backward where
+    `SEG_BWD_WIDE` does (8 each at D = 128 on the H100); the launches of
     `MAXNREG_KERNELS` state maxnreg, the others not."""
     h100 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0))
     a100 = config.launch_config(64, 64, torch.bfloat16, config.A100_SHARED, capability=(8, 0))
@@ -152,12 +187,21 @@ def test_ut_kernels_warps():
     r2 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0),
                               reflections=2)  # 32-token blocks: a 64-row UT tile
     assert r2.BT == 32 and r2.launch("ut_fwd")[0] == 4 and r2.launch("ut_bwd_q")[0] == 8
-    for cfg, four in ((h100, {"ut_fwd", "ut_bwd"}), (a100, set()), (h100_128, set()),
+    # D 128: ut_fwd takes 4 warps with one reflection per token only (16-token blocks of
+    # R = 2 fill the same 32-row UT tile)
+    r2_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
+                                  capability=(9, 0), reflections=2)
+    assert r2_128.BT == 16 and r2_128.launch("ut_fwd")[0] == 8
+    assert r2_128.launch("ut_bwd_inv")[0] == 4
+    for cfg, four in ((h100, {"ut_fwd", "ut_bwd"}), (a100, set()),
+                      (h100_128, {"ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd_inv"}),
                       (h100_f32, set())):
         for k in config.KERNELS:
             warps = 4 if k not in config.UT_KERNELS or k in four else 8
             if k == "bwd_kv" and cfg is h100_128:
                 warps = config.KV_WARPS[90, 128, True]
+            if k == "seg_bwd" and cfg is h100_128:
+                warps = config.SEG_BWD_WIDE[90, 128, True][1]
             assert cfg.launch(k)[0] == warps, (cfg, k)
             assert cfg.launch_kwargs(k)["num_warps"] == warps
             regs = config.MAX_REGISTERS if k in config.MAXNREG_KERNELS else None
