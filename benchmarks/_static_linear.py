@@ -32,10 +32,12 @@ def _blocks(T: int, s: dict) -> tuple[int, int, int]:
 
 
 def _seg_programs(T: int, s: dict) -> list:
-    """`seg`: the first block of each segment, per group of rows of E: the segment's
-    blocks."""
+    """`seg`, per group of rows of E: walking (`config.SEG_WALK`), the first block of each
+    segment, the segment's blocks; else every block, the blocks after it in its segment."""
     n, seg, n_seg = _blocks(T, s)
-    return [min(seg, n - sb * seg) for sb in range(n_seg)] * s["NR"]
+    if s["WALK"]:
+        return [min(seg, n - sb * seg) for sb in range(n_seg)] * s["NR"]
+    return [min((c // seg + 1) * seg, n) - 1 - c for c in range(n)] * s["NR"]
 
 
 def _pi_programs(T: int, s: dict) -> list:
@@ -58,7 +60,8 @@ def _per_block(T: int, s: dict) -> list:
 def ours(D: int, shape: dict) -> list[Kernel]:
     """Our kernels around the scans at head dim D (`shape`: `static_vs_fla._ours_shape`, with NR and
     NRB the groups of rows of E per block of `seg` / `pi` and of `seg_bwd`)."""
-    seg_loop = Loop(line(segments._seg_kernel, "for i in range(0, e - f + 1)"), lambda p, s: p)
+    seg_loop = Loop(line(segments._seg_kernel, "for i in range(0, e - c + 1)" if shape["WALK"]
+                         else "for i in range(0, e - c)"), lambda p, s: p)
     pi_loops = [Loop(line(crossings._pi_kernel, "for i in range(0, q - 1)"),
                      lambda p, s: p - 1)]
     if shape["NS"] > 1:  # past D = 64 the products are read a slice at a time

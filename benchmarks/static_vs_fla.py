@@ -61,7 +61,7 @@ def _ours_shape(D: int) -> dict:
     return {"BT": cfg.BT, "BD": BD, "NS": BD // cfg.m_rows(BD), "NSK": BD // cfg.kv_rows(BD),
             "BKT": bkt, "BQ": bq, "FSTEP": cfg.key_steps("fwd"), "BSTEP": cfg.key_steps("bwd"),
             "MULT": cfg.seg_multiple(), "NR": BD // min(BD, cfg.BT),
-            "NRB": BD // cfg.seg_bwd_rows(BD)}
+            "NRB": BD // cfg.seg_bwd_rows(BD), "WALK": cfg.seg_walk}
 
 
 def _query_blocks(T: int, s: dict) -> list:

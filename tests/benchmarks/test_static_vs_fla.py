@@ -102,8 +102,9 @@ def test_loops_must_match_the_description():
 
 @pytest.mark.parametrize("D, T", [(64, 2048), (128, 2048), (128, 16384)])
 def test_ours_linear_loops_cover_the_blocks(D, T):
-    """The O(T) kernels: `seg` and `seg_bwd` step once through every block per group of rows
-    of E, `pi` forms each segment q's products with the q - 1 segments before it but one."""
+    """The kernels around the scans: `seg` (walking) and `seg_bwd` step once through every
+    block per group of rows of E, `pi` forms each segment q's products with the q - 1
+    segments before it but one."""
     import _static_linear as sl
 
     shape = {**sv._ours_shape(D), "T": T}
@@ -111,8 +112,15 @@ def test_ours_linear_loops_cover_the_blocks(D, T):
     seg = sv.default_seg(n, shape["MULT"])
     n_seg = -(-n // seg)
     kernels = {(k.part, k.name): k for k in sl.ours(D, shape)}
+    assert shape["WALK"]  # sm_90, bf16, D 64 and 128 (`config.SEG_WALK`)
     assert _trips(kernels["fwd", "seg"], T, shape) == [n * shape["NR"]]
     assert _trips(kernels["bwd", "seg"], T, shape) == [n * shape["NR"]]
+    # per block: the blocks after it in its segment
+    blocks = {**shape, "WALK": False}
+    per_block = sl.ours(D, blocks)[1]
+    assert _trips(per_block, T, blocks) == [
+        sum(min((c // seg + 1) * seg, n) - 1 - c for c in range(n)) * shape["NR"]]
+    assert per_block.loops[0].loc != kernels["fwd", "seg"].loops[0].loc
     assert _trips(kernels["bwd", "seg_bwd"], T, shape) == [n * shape["NRB"]]
     pi = _trips(kernels["bwd", "pi"], T, shape)
     products = sum(q - 1 for q in range(1, n_seg - 1)) * shape["NR"]

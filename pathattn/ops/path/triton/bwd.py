@@ -323,7 +323,7 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
              emulate: bool, BK: int, BKV: int, launch: dict | None = None,
              seg_launch: dict | None = None, kv_launch: dict | None = None,
              kv_tiles: tuple[int, int] | None = None, seg_rows: int | None = None,
-             seg_bwd_launch: dict | None = None):
+             seg_bwd_launch: dict | None = None, seg_walk: bool = False):
     """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv] (q's dtype), lse and
     delta = rowsum(dO * O) [N, HQ] (float32), the segment slots of
     `segments.segment_slots` and pairs = (pair bases, rows) of `crossings.segment_pairs`
@@ -338,14 +338,15 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     seg_launch / kv_launch: num_warps / num_stages of the query-parallel scan, of the
     segment kernels (`segments`, `crossings`) and of the key-parallel kernel (`bwd_kv`);
     kv_tiles: the latter's (BKT, BQ); seg_rows and seg_bwd_launch: the rows of E per
-    program and num_warps / num_stages of `segments.segment_grads` (default: seg_launch).
+    program and num_warps / num_stages of `segments.segment_grads` (default: seg_launch);
+    seg_walk: `segments.segment_keys`' walk.
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
     R = w.shape[0] // max(N, 1)
     f32 = {"dtype": torch.float32, "device": q.device}
     ks, ms, e = segment_keys(w, u, kt, table, slots, n_slots, seg, BT, BD, prec, dt, tdt,
-                             emulate, R, store_e=True, launch=seg_launch)
+                             emulate, R, store_e=True, launch=seg_launch, walk=seg_walk)
     pbase, n_pairs = pairs
     pi = segment_products(ms, table, slots, pbase, n_pairs, seg, BT, BD, BK, prec, tdt,
                           emulate, seg_launch)

@@ -20,7 +20,8 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "launch_config", "device_launch_config", "device_limits", "block_lengths",
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "KV_WARPS", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
-           "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "pipe_table",
+           "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "SEG_WALK",
+           "pipe_table",
            "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS", "UT_FOUR_WARPS",
            "UT_FOUR_WARPS_R1", "ut_warps",
            "device_settings"]
@@ -242,6 +243,13 @@ SEG_BWD_ROWS = {80: 32}
 # per block of 32 rows at 4 warps (which spill 0-144 B, 19 spill loads / stores per block
 # with Triton 3.9; `benchmarks/static_vs_fla.py`)
 SEG_BWD_WIDE = {(90, 128, True): (64, 8)}
+# (architecture, padded head dim, 16-bit inputs) where the segment keys walk each segment
+# (`segments._seg_kernel` WALK: one transition product per block, against sqrt(blocks) / 2
+# per block in the per-block form; D 128, T 8192: 9.97 -> 2.91 M instructions per head,
+# `benchmarks/static_vs_fla.py`). Elsewhere the walk's loop holds more than the per-block
+# form: float32 inputs and D = 256 spill 5-17 KB per thread even with maxnreg (the
+# per-block form 0-6.4 KB), and without it ptxas falls back to 32 registers.
+SEG_WALK = {(90, 64, True), (90, 128, True)}
 # the UT transform's kernels: one program per block and head, no loop, and with TF32 /
 # 3xTF32 operands held in registers. 8 warps halve each thread's share of their tiles and
 # spill less than 4 (compiled ahead of time with Triton 3.6 and 3.9: sm_90, D 128, bf16,
@@ -304,8 +312,9 @@ class LaunchConfig:
     loops over earlier segments (`pipe_stages`), steps, (kernel name, key blocks per step)
     pairs of `STEPPED` kernels' loops over earlier segments (`key_steps`), seg_rows, the
     rows of E per program of
-    the segment backward (0: min(BD, BT); `seg_bwd_rows`), and maxnreg, the registers per
-    thread the launches of `MAXNREG_KERNELS` allow (`max_registers`)."""
+    the segment backward (0: min(BD, BT); `seg_bwd_rows`), maxnreg, the registers per
+    thread the launches of `MAXNREG_KERNELS` allow (`max_registers`), and seg_walk, whether
+    the segment keys walk each segment (`SEG_WALK`)."""
 
     BT: int
     shared_limit: int
@@ -318,6 +327,7 @@ class LaunchConfig:
     steps: tuple = ()
     seg_rows: int = 0
     maxnreg: int = MAX_REGISTERS
+    seg_walk: bool = False
 
     def kv_tiles(self) -> tuple[int, int]:
         """(BKT, BQ) of the backward's key-parallel kernel: keys per program and queries per
@@ -498,14 +508,16 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
     """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
     warps (`ut_warps`, `KV_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe (`pipe_table`),
-    steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`)."""
+    steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), seg_walk
+    (`SEG_WALK`)."""
     kv_warps = KV_WARPS.get((arch, BD, dtype != torch.float32))
     wide = SEG_BWD_WIDE.get((arch, BD, dtype != torch.float32))
     warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
     return {"warps": warps + ((("seg_bwd", wide[1]),) if wide else ()), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),
-            "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT)}
+            "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT),
+            "seg_walk": (arch, BD, dtype != torch.float32) in SEG_WALK}
 
 
 def step_table(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:

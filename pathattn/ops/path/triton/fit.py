@@ -174,7 +174,7 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
         c.update(BR=(cfg.seg_bwd_rows(tiles["BD"]) if kernel == "seg_bwd"
                      else min(tiles["BD"], cfg.BT)), DT=_TL[dtype],
                  TDT=_TL[transition_dtype(dtype)], EMULATE=False,
-                 **({"STORE_E": True} if kernel == "seg" else {}))
+                 **({"STORE_E": True, "WALK": cfg.seg_walk} if kernel == "seg" else {}))
     elif kernel == "ut_fwd":
         c.update(LOG_BTR=btr.bit_length() - 1, BDV=tiles["BDV"])
     elif kernel == "ut_bwd_q":

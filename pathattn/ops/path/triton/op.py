@@ -175,7 +175,8 @@ def _forward(q, k, v, w, beta, g, cu_seqlens, scale: float, block_size: int, seg
                                     cfg.launch_kwargs("ut_fwd"))
     G = _cumulative_gates(g, table, block_size)
     ks, ms, _ = segment_keys(wt, u, kt, table, slots, n_slots, seg, block_size, BD, prec, dt,
-                             tdt, emulate, _reflections(w), launch=cfg.launch_kwargs("seg"))
+                             tdt, emulate, _reflections(w), launch=cfg.launch_kwargs("seg"),
+                             walk=cfg.seg_walk)
     o, lse = fwd_scan(qf, kf, vc, wt, u, kt, m, G, ks, ms, slots, table, scale, seg,
                       block_size, BD, tiles["BDV"], cfg.m_rows(BD), dt, tdt, prec, emulate,
                       cfg.launch_kwargs("fwd"))
@@ -245,7 +246,7 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
                                               cfg.launch_kwargs("seg"),
                                               cfg.launch_kwargs("bwd_kv"),
                                               cfg.kv_tiles(), cfg.seg_bwd_rows(BD),
-                                              cfg.launch_kwargs("seg_bwd"))
+                                              cfg.launch_kwargs("seg_bwd"), cfg.seg_walk)
     dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, xinv, dqt, dsd, dkt, du, dwp, table, scale,
                                block_size, BD, prec, cfg.launch_kwargs("ut_bwd"),
                                cfg.launch_kwargs("ut_bwd_q"), cfg.launch_kwargs("ut_bwd_inv"),

@@ -12,12 +12,14 @@ before the query's segment, with e the last block of s and f its first,
     y^(s-1) = y^(s) M_s,  M_s = E_f Pt_f               (the whole segment's transition)
 
 so a query state crosses a segment with one D x D product and meets the segment's key
-blocks without a transition in between. `_seg_kernel` walks each segment right to left
-(one program per segment, head and group of rows of E), with E_c = E_{c+1} Pt_{c+1}: per
-block E_c (stored when the backward asks for it) and Ks_c, and at its first block M_s, one
-transition product per block in all. M_s of every crossed
-segment is stored in a compact slot table (`segment_slots`); the last segment of each
-sequence is never crossed and the first never needs its product, so neither is stored.
+blocks without a transition in between. `_seg_kernel` computes per block E_c (stored when
+the backward asks for it) and Ks_c, and per segment M_s: one program per block forming
+its E_c from the segment's end, or (WALK, `config.SEG_WALK`) one program per segment
+walking it right to left with E_c = E_{c+1} Pt_{c+1}, one transition product per block
+in all. Both do the same operations in the same order: their results are bitwise equal.
+M_s of every crossed segment is stored in a compact slot table (`segment_slots`); the last
+segment of each sequence is never crossed and the first never needs its product, so neither
+is stored.
 
 Ks has the inputs' dtype (the operand dtype of the logits); E and M the transitions' operand
 dtype (`_common.transition_dtype`).
@@ -48,6 +50,7 @@ from ._common import (
     block_reflections,
     device_fn,
     e_offsets,
+    full_block_reflections,
     load_raw,
     mm_lp,
     reflection_tile,
@@ -78,8 +81,8 @@ def segment_slots(table: torch.Tensor, seg: int, BT: int, n_seq: int
 def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_ptr, H, D, SEG,
                 BT: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr, PREC: tl.constexpr,
                 R: tl.constexpr, BTR: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr,
-                STORE_E: tl.constexpr, EMULATE: tl.constexpr):
-    blk = tl.program_id(0)  # a segment's first block, else nothing to do
+                STORE_E: tl.constexpr, EMULATE: tl.constexpr, WALK: tl.constexpr = False):
+    blk = tl.program_id(0)
     h = tl.program_id(1)
     r0 = tl.program_id(2) * BR  # this program's rows r0 .. r0 + BR - 1 of E
     t0 = tl.load(table_ptr + blk * 3)
@@ -87,48 +90,76 @@ def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_pt
     s1 = tl.load(table_ptr + blk * 3 + 2)
     if t0 >= s1:  # an empty row of the table
         return
-    f = (t0 - s0) // BT
-    if f % SEG != 0:
-        return
+    c = (t0 - s0) // BT
+    if WALK:  # a segment's first block walks the segment, the others have nothing to do
+        if c % SEG != 0:
+            return
     last = (s1 - s0 + BT - 1) // BT - 1
-    e = tl.minimum(f + SEG - 1, last)
-    crossed = (f > 0) & (e < last)  # M_s = E_f Pt_f is needed
+    e = tl.minimum((c // SEG + 1) * SEG - 1, last)
+    crossed = (c // SEG > 0) & (e < last)  # M_s = E_f Pt_f is needed
     cols = tl.arange(0, BD)
     cmask = cols < D
     rr = r0 + tl.arange(0, BR)
-    lt = tl.arange(0, BT)
-    # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U;
-    # right to left over the segment, E_c = E_{c+1} Pt_{c+1} from E_e = I
+    # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U
     E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
-    for i in range(0, e - f + 1):  # blocks e, e-1, ..., f (e may be partial)
-        c = e - i
-        tb = s0 + c * BT
-        if STORE_E:
-            tl.store(e_ptr + e_offsets(blk + c - f, h, H, rr, cols, BD), E)
-        # Ks_c[:, rr] = K~_c E_c[rr]^T
-        rows = tb + lt
-        rmask = rows < s1
-        Kt = load_raw(kt_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
-        ks = mm_lp(Kt, tl.trans(E), DT, PREC, EMULATE)  # [BT, BR]
-        tl.store(ks_ptr + tile_offsets(rows, H * D, h * D, rr), ks,
-                 mask=rmask[:, None] & (rr < D)[None, :])
-        if (c > f) | crossed:  # E_{c-1} = E_c Pt_c, or M_s = E_f Pt_f
-            kr, kmask = block_reflections(tb, s1, BT, R, BTR)  # [BTR]
-            Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
-            Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
-            E = E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
-    if crossed:
-        slot = tl.load(slot_ptr + blk)
-        tl.store(ms_ptr + e_offsets(slot, h, H, rr, cols, BD), E)
+    if WALK:  # right to left over the segment, E_b = E_{b+1} Pt_{b+1} from E_e = I
+        for i in range(0, e - c + 1):  # blocks e, e-1, ..., c (e may be partial)
+            b = e - i
+            _block_keys(E, kt_ptr, e_ptr, ks_ptr, blk + b - c, s0 + b * BT, s1, h, H, D,
+                        cols, cmask, rr, BT, BD, PREC, DT, EMULATE, STORE_E)
+            if (b > c) | crossed:  # E_{b-1} = E_b Pt_b, or M_s = E_f Pt_f
+                E = _times_transition(E, wt_ptr, u_ptr, s0 + b * BT, s1, h, H, D, cols, cmask,
+                                      BT, PREC, R, BTR, TDT, EMULATE)
+    else:  # this block's E_c from the segment's end, one program per block
+        for i in range(0, e - c):  # blocks e, e-1, ..., c+1 (e may be partial)
+            E = _times_transition(E, wt_ptr, u_ptr, s0 + (e - i) * BT, s1, h, H, D, cols,
+                                  cmask, BT, PREC, R, BTR, TDT, EMULATE)
+        _block_keys(E, kt_ptr, e_ptr, ks_ptr, blk, t0, s1, h, H, D, cols, cmask, rr, BT, BD,
+                    PREC, DT, EMULATE, STORE_E)
+        if (c % SEG == 0) & crossed:  # a crossed segment's first block f
+            wr, wmask = full_block_reflections(t0, BT, R, BTR)
+            Wf = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
+            Uf = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+            M = E - mm_lp(mm_lp(E, tl.trans(Wf), TDT, PREC, EMULATE), Uf, TDT, PREC, EMULATE)
+            tl.store(ms_ptr + e_offsets(tl.load(slot_ptr + blk), h, H, rr, cols, BD), M)
+    if WALK:
+        if crossed:
+            tl.store(ms_ptr + e_offsets(tl.load(slot_ptr + blk), h, H, rr, cols, BD), E)
+
+
+@device_fn
+def _times_transition(E, wt_ptr, u_ptr, tb, s1, h, H, D, cols, cmask, BT: tl.constexpr,
+                      PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                      TDT: tl.constexpr, EMULATE: tl.constexpr):
+    """E Pt_b = E - (E W_b^T) U_b for the block from token tb (the sequence ending at s1)."""
+    kr, kmask = block_reflections(tb, s1, BT, R, BTR)  # [BTR]
+    Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
+    Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
+    return E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
+
+
+@device_fn
+def _block_keys(E, kt_ptr, e_ptr, ks_ptr, row, tb, s1, h, H, D, cols, cmask, rr,
+                BT: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr, DT: tl.constexpr,
+                EMULATE: tl.constexpr, STORE_E: tl.constexpr):
+    """The block from token tb (table row `row`): Ks[:, rr] = K~ E[rr]^T, and E stored."""
+    if STORE_E:
+        tl.store(e_ptr + e_offsets(row, h, H, rr, cols, BD), E)
+    rows = tb + tl.arange(0, BT)
+    rmask = rows < s1
+    Kt = load_raw(kt_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+    ks = mm_lp(Kt, tl.trans(E), DT, PREC, EMULATE)  # [BT, BR]
+    tl.store(ks_ptr + tile_offsets(rows, H * D, h * D, rr), ks,
+             mask=rmask[:, None] & (rr < D)[None, :])
 
 
 def segment_keys(w, u, kt, table, slots, n_slots: int, seg: int, BT: int, BD: int, prec: str,
                  dt, tdt, emulate: bool, R: int = 1, store_e: bool = False,
-                 launch: dict | None = None):
+                 launch: dict | None = None, walk: bool = False):
     """Ks [N, H, D] (kt's dtype), M [n_slots, H, BD, BD] and, with store_e, E [NB, H, BD,
     BD] (u's dtype; else None) from w, u [N * R, H, D] (R reflections per token) and the
-    block keys kt [N, H, D]; see the module docstring. One program per segment (the table
-    row of its first block), head and group of min(BD, BT) rows of E."""
+    block keys kt [N, H, D]; see the module docstring. One program per block, head and
+    group of min(BD, BT) rows of E; with walk, per segment (`config.SEG_WALK`)."""
     N, H, D = kt.shape
     BR = min(BD, BT)
     ks = torch.empty_like(kt)
@@ -138,7 +169,7 @@ def segment_keys(w, u, kt, table, slots, n_slots: int, seg: int, BT: int, BD: in
     launch_kernel(_seg_kernel, (table.shape[0], H, BD // BR))(
         w, u, kt, e, ks, ms, slots, table, H, D, seg, BT=BT, BD=BD, BR=BR, PREC=prec, R=R,
         BTR=reflection_tile(BT, R), DT=dt, TDT=tdt, STORE_E=store_e, EMULATE=emulate,
-        **(launch or {}))
+        WALK=walk, **(launch or {}))
     return ks, ms, (e if store_e else None)
 
 

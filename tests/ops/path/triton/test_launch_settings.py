@@ -44,6 +44,9 @@ def test_devices_settings():
                                     capability=(9, 0))
     assert (h100_128.BT, h100_128.seg_bwd_rows(128)) == (32, 64)
     assert h100_128.launch("seg_bwd")[0] == 8 and h100_128.launch("seg")[0] == 4
+    assert h100_128.seg_walk and h100.seg_walk
+    assert not config.launch_config(128, 128, torch.float32, config.H100_SHARED,
+                                    capability=(9, 0)).seg_walk
     assert config.launch_config(128, 128, torch.bfloat16, config.A100_SHARED,
                                 capability=(8, 0)).seg_bwd_rows(128) == 32
 
@@ -68,6 +71,17 @@ def _against_reference(gates: bool, cu, seg: int) -> None:
                           block_size=16, seg=seg)
     ref = run_with_grads(path_attn_naive, cast(inputs, torch.float64), dout, cu_seqlens=cu_seqlens)
     assert_close_to_reference(ours, ref, F32_TOL)
+
+
+@pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
+def test_segment_keys_walk(monkeypatch, gates, cu):
+    """`SEG_WALK` (the H100's setting at D 64 and 128 for 16-bit inputs): the segment keys
+    walk each segment, here for float32 at D = 32 (segments of 3 blocks, the last partial),
+    forward and every gradient against the float64 reference."""
+    monkeypatch.setattr(config, "SEG_WALK", {(90, 32, False)})
+    assert config.launch_config(32, 32, torch.float32, None, 16).seg_walk
+    assert not config.launch_config(64, 64, torch.float32, None, 16).seg_walk
+    _against_reference(gates, cu, seg=3)
 
 
 @pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
