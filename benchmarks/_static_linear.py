@@ -16,6 +16,8 @@ sums).
 
 from __future__ import annotations
 
+import itertools
+
 from _static_common import Kernel, Loop, line
 
 from pathattn.ops.path.triton import crossings, segments, ut  # noqa: F401
@@ -126,8 +128,6 @@ def fla(launches) -> list[Kernel]:
         grid = la.grid
 
         def progs(T, s, grid=grid):
-            import itertools
-
             return list(itertools.product(*(range(g) for g in grid)))
         out.append(Kernel("fla", la.part, la.name, progs, loops, scan=False, launch=i,
                           config=la.config))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import os
 import sys
@@ -358,17 +359,12 @@ def _job(k: Kernel, D: int, gates: bool) -> tuple:
 def _fewest(rows: list) -> list:
     """Of each autotuned fla kernel's configurations (consecutive launches of one kernel
     with a configuration), the one with the fewest instructions."""
-    out, run = [], []
-    for row in rows + [None]:
-        k = row and row[0]
-        if run and (k is None or not k.config or (k.part, k.name) != run[0][0].key):
-            out.append(min((x[1] for x in run), key=lambda r: r[2]["instructions"]))
-            run = []
-        if k is not None and k.config:
-            run.append((type("K", (), {"key": (k.part, k.name)}), row))
-        elif k is not None:
-            out.append(row)
-    return out
+    def run(i_row):
+        k = i_row[1][0]
+        return (k.part, k.name) if k.config else i_row[0]  # unconfigured: a run of its own
+
+    return [min((row for _, row in group), key=lambda r: r[2]["instructions"])
+            for _, group in itertools.groupby(enumerate(rows), key=run)]
 
 
 def main() -> None:
