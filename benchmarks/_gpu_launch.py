@@ -11,6 +11,7 @@ head dim (the last two rows: D = 128's defaults, and its former key tiles):
   seg         half and twice the default blocks per segment (about sqrt of the blocks)
   warps       8 warps for fwd, bwd or bwd_kv (default 4; `LaunchConfig.warps`)
   kv_tiles    (keys, queries) per step of the key-parallel kernel (`config.KV_TILES`)
+  walk_hoist  the query kernel's walk with per-element offsets (`config.WALK_HOIST`)
 
 A ratio below 1 names a faster setting for the device's architecture. Each row runs in its
 own process (8 warps or other tiles compile kernels never run before: a fault costs only
@@ -45,12 +46,15 @@ CHILD_TIMEOUT = 150.0  # seconds per row: start, compilation of its kernels, tim
 def settings(smoke: bool) -> list[tuple[str, str, dict]]:
     """(name, value shown, change) per row: change holds block_size / seg (call arguments)
     or fields of `config.device_settings` to replace ("warps": (kernel, n), "kv": (BKT,
-    BQ))."""
+    BQ), "fields": {field: value})."""
     if smoke:
-        return [("seg", "x2", {"seg_scale": 2.0}), ("warps", "bwd 8", {"warps": ("bwd", 8)})]
+        return [("seg", "x2", {"seg_scale": 2.0}),
+                ("walk_hoist", "on", {"fields": {"walk_hoist": True}})]
     return ([("block_size", "32", {"block_size": 32}),
              ("seg", "x0.5", {"seg_scale": 0.5}), ("seg", "x2", {"seg_scale": 2.0})]
             + [("warps", f"{k} 8", {"warps": (k, 8)}) for k in ("fwd", "bwd", "bwd_kv")]
+            # the query kernel's walk with per-element offsets (`config.WALK_HOIST`)
+            + [("walk_hoist", "off", {"fields": {"walk_hoist": False}})]
             + [("kv_tiles", f"{a}x{b}", {"kv": (a, b)}) for a, b in ((32, 64), (64, 32),
                                                                      (32, 32))]
             # D = 128 (32-token blocks): its own defaults (key tiles 128x64, 8 warps), and
@@ -70,7 +74,7 @@ def _row(device: torch.device, plan, shape: tuple, change: dict) -> dict:
     row = {"B": B, "T": T, "H": H, "D": D}
     default = config.device_settings
     try:
-        if "warps" in change or "kv" in change:
+        if {"warps", "kv", "fields"} & set(change):
             def changed(*a, **kw):
                 s = dict(default(*a, **kw))
                 if "warps" in change:
@@ -78,13 +82,15 @@ def _row(device: torch.device, plan, shape: tuple, change: dict) -> dict:
                                         change["warps"][1]}.items())
                 if "kv" in change:
                     s["kv"] = (*change["kv"], s["kv"][2])
+                s.update(change.get("fields", {}))
                 return s
             config.device_settings = changed
         block = change.get("block_size")
         cfg = config.device_launch_config(D, D, torch.bfloat16, device, block)
         BT = cfg.BT
         row |= {"warps": "/".join(str(cfg.launch(k)[0]) for k in ("fwd", "bwd", "bwd_kv")),
-                "kv_tiles": "x".join(map(str, cfg.kv_tiles()))}  # as launched
+                "kv_tiles": "x".join(map(str, cfg.kv_tiles())),
+                "walk_hoist": cfg.walk_hoist}  # as launched
         seg = 0
         if "seg_scale" in change:
             seg = max(1, round(_default_seg(T, cfg) * change["seg_scale"]))

@@ -178,17 +178,19 @@ def test_pipelining_rows(smoke):
 
 def test_launch_settings_rows(smoke):
     """The defaults, then each smoke setting, each in its own process, timed with its ratio
-    to the defaults; the changed setting shows in the row (twice the segment length)."""
+    to the defaults; the changed setting shows in the row (twice the segment length, the
+    query kernel's walk through loop-invariant offsets)."""
     rows = _rows(smoke, "launch_settings")
     assert [(r["setting"], r["value"]) for r in rows] == [
-        ("default", ""), ("seg", "x2"), ("warps", "bwd 8")]
+        ("default", ""), ("seg", "x2"), ("walk_hoist", "on")]
     for r in rows:
         assert r["status"] == "ok", r
         assert _positive(r["fwd_ms"]) and _positive(r["fwdbwd_ms"]) and r["seconds"] > 0
     for r in rows[1:]:
         assert _positive(r["fwd/default"]) and _positive(r["fwdbwd/default"])
     assert rows[1]["seg"] == 2 * rows[0]["seg"] and rows[2]["seg"] == rows[0]["seg"]
-    assert [r["warps"] for r in rows] == ["4/4/4", "4/4/4", "4/8/4"]  # fwd / bwd / bwd_kv
+    assert [r["warps"] for r in rows] == ["4/4/4"] * 3  # fwd / bwd / bwd_kv
+    assert [r["walk_hoist"] for r in rows] == [False, False, True]
 
 
 def test_profile_table(smoke):
@@ -242,6 +244,7 @@ def test_launch_settings_compare_each_head_dim_with_its_own_defaults(monkeypatch
 
     full = gl.settings(False)
     assert ("default", "D 128", {"D": 128}) in full
+    assert ("walk_hoist", "off", {"fields": {"walk_hoist": False}}) in full
     assert ("kv_tiles", "32x32 4 warps D 128",
             {"D": 128, "kv": (32, 32), "warps": ("bwd_kv", 4)}) in full
     rows = [("default", "D 128", {"D": 128}), ("kv_tiles", "16x32", {"D": 128, "kv": (16, 32)}),

@@ -52,6 +52,7 @@ from ._common import (
     device_fn,
     exp_ftz,
     full_block_reflections,
+    load_block,
     load_raw,
     mm_lp,
     reflection_tile,
@@ -76,12 +77,17 @@ __all__ = ["bwd_scan"]
 
 @device_fn
 def _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, KB: tl.constexpr,
-             DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+             DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
+             HOIST: tl.constexpr = False):
     """P and dS = P * (dO V^T - delta) of a query block against the KB keys (full blocks)
-    from token tc, from the logits S formed as the forward formed them."""
+    from token tc, from the logits S formed as the forward formed them. HOIST: the values
+    through loop-invariant offsets (`load_block`)."""
     kr = tc + tl.arange(0, KB)
     P = tl.where(rmask[:, None], exp_ftz(S - lse[:, None]), 0.0)
-    Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
+    if HOIST:
+        Vb = load_block(v_ptr, tc, KB, H * DV, h * DV, vcols, vmask)
+    else:
+        Vb = load_raw(v_ptr, kr, kr >= 0, H * DV, h * DV, vcols, vmask)
     return P, P * (mm_lp(dO, tl.trans(Vb), DT, PREC, EMULATE) - delta[:, None])
 
 
@@ -160,20 +166,26 @@ def _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_
 def _segment_block_grads(yc_ptrs, smask, g, drow, tc, hq, h, ga, dO, lse, delta, rmask,
                          ks_ptr, v_ptr, g_ptr, ge_ptr, HQ, H, D, DV, NTOK, cols, cmask, vcols,
                          vmask, HAS_G: tl.constexpr, BT: tl.constexpr, KB: tl.constexpr,
-                         DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr):
+                         DT: tl.constexpr, PREC: tl.constexpr, EMULATE: tl.constexpr,
+                         HOIST: tl.constexpr):
     """The KB keys (full blocks) from token tc of an earlier segment, met as plain
     attention, as the forward met them, with logits S = y Ks^T (y the query state at the
     blocks' segment, read back from yc_ptrs): returns the adjoint of y with their term,
-    g + dS Ks, and drow plus dS's row sums. The keys' and values' side is `bwd_kv.py`'s."""
+    g + dS Ks, and drow plus dS's row sums. The keys' and values' side is `bwd_kv.py`'s.
+    HOIST: keys and values through loop-invariant offsets (`load_block`), else
+    per-element ones."""
     yb = tl.load(yc_ptrs, mask=smask, other=0.0)
     kr = tc + tl.arange(0, KB)
     S, _ = key_block_logits(yb, ks_ptr, g_ptr, ge_ptr, kr, tc, hq, h, ga, HQ, H, D, NTOK,
-                            cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False, KB)
+                            cols, cmask, HAS_G, BT, DT, PREC, EMULATE, HOIST, KB)
     _, dS = _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, KB, DT,
-                     PREC, EMULATE)
+                     PREC, EMULATE, HOIST)
     if HAS_G:
         drow += tl.sum(dS, axis=1)
-    Ks = load_raw(ks_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
+    if HOIST:  # read again rather than held over the logits' gradient
+        Ks = load_block(ks_ptr, tc, KB, H * D, h * D, cols, cmask)
+    else:
+        Ks = load_raw(ks_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     return g + mm_lp(dS, Ks, DT, PREC, EMULATE), drow
 
 
@@ -187,7 +199,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
-                PIPE: tl.constexpr = 1, KSTEP: tl.constexpr = 1):
+                PIPE: tl.constexpr = 1, KSTEP: tl.constexpr = 1, HOIST: tl.constexpr = False):
     blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
@@ -277,14 +289,14 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                                            hq, h, ga, dO, lse, delta, rmask, ks_ptr, v_ptr,
                                            g_ptr, ge_ptr, HQ, H, D, DV, NTOK, cols, cmask,
                                            vcols, vmask, HAS_G, BT, KSTEP * BT, DT, PREC,
-                                           EMULATE)
+                                           EMULATE, HOIST)
         if KSTEP > 1:
             for j in range(SEG - SEG % KSTEP, SEG):
                 g, drow = _segment_block_grads(yc_ptrs, smask, g, drow,
                                                s0 + (sc * SEG + j) * BT, hq, h, ga, dO, lse,
                                                delta, rmask, ks_ptr, v_ptr, g_ptr, ge_ptr, HQ,
                                                H, D, DV, NTOK, cols, cmask, vcols, vmask,
-                                               HAS_G, BT, BT, DT, PREC, EMULATE)
+                                               HAS_G, BT, BT, DT, PREC, EMULATE, HOIST)
     for c in range(sa * SEG, a):  # own segment: x^(c) recomputed from Q~_a
         # dO reloaded per block (from L2): its operand buffers live one block pair only
         # (sm_90, D 64: 8 KiB less shared memory, no spill traffic in this loop with

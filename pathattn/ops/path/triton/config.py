@@ -21,7 +21,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "KV_WARPS", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
            "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "SEG_WALK",
-           "pipe_table",
+           "WALK_HOIST", "pipe_table",
            "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS", "UT_FOUR_WARPS",
            "UT_FOUR_WARPS_R1", "ut_warps",
            "device_settings"]
@@ -250,6 +250,16 @@ SEG_BWD_WIDE = {(90, 128, True): (64, 8)}
 # form: float32 inputs and D = 256 spill 5-17 KB per thread even with maxnreg (the
 # per-block form 0-6.4 KB), and without it ptxas falls back to 32 registers.
 SEG_WALK = {(90, 64, True), (90, 128, True)}
+# (architecture, padded head dim, 16-bit inputs) where the query kernel's walk over earlier
+# segments' blocks loads keys and values through loop-invariant offsets (`bwd._bwd_kernel`
+# HOIST, `_common.load_block`: one address per block instead of one per element), as the
+# forward does everywhere. bf16, gates on / off, per block of the walk (SASS, Triton 3.9
+# [3.6]): sm_90 D 64 464 [451] -> 439 [413] and 356 -> 321 instructions, sm_80 D 64 599 ->
+# 564 and 503 -> 463, no spill loads / stores in the walk either way. Elsewhere the held
+# offsets cost more than they save: sm_90 D 128 579 -> 505 instructions but 5 -> 18 spill
+# loads / stores per step (33 -> 48 per segment crossed); float32 at D 64 no fewer
+# instructions and more spills.
+WALK_HOIST = {(90, 64, True), (80, 64, True)}
 # the UT transform's kernels: one program per block and head, no loop, and with TF32 /
 # 3xTF32 operands held in registers. 8 warps halve each thread's share of their tiles and
 # spill less than 4 (compiled ahead of time with Triton 3.6 and 3.9: sm_90, D 128, bf16,
@@ -313,8 +323,9 @@ class LaunchConfig:
     pairs of `STEPPED` kernels' loops over earlier segments (`key_steps`), seg_rows, the
     rows of E per program of
     the segment backward (0: min(BD, BT); `seg_bwd_rows`), maxnreg, the registers per
-    thread the launches of `MAXNREG_KERNELS` allow (`max_registers`), and seg_walk, whether
-    the segment keys walk each segment (`SEG_WALK`)."""
+    thread the launches of `MAXNREG_KERNELS` allow (`max_registers`), seg_walk, whether
+    the segment keys walk each segment (`SEG_WALK`), and walk_hoist, whether the query
+    kernel's walk loads keys and values through loop-invariant offsets (`WALK_HOIST`)."""
 
     BT: int
     shared_limit: int
@@ -328,6 +339,7 @@ class LaunchConfig:
     seg_rows: int = 0
     maxnreg: int = MAX_REGISTERS
     seg_walk: bool = False
+    walk_hoist: bool = False
 
     def kv_tiles(self) -> tuple[int, int]:
         """(BKT, BQ) of the backward's key-parallel kernel: keys per program and queries per
@@ -373,11 +385,14 @@ class LaunchConfig:
 
     def launch_kwargs(self, kernel: str) -> dict:
         """num_warps / num_stages keyword arguments of a kernel launch, maxnreg where
-        `max_registers` states it, and PIPE for the `PIPELINED` kernels."""
+        `max_registers` states it, PIPE for the `PIPELINED` kernels, KSTEP for the
+        `STEPPED` ones and HOIST (`walk_hoist`) for the query kernel."""
         warps, stages = self.launch(kernel)
         pipe = {"PIPE": self.pipe_stages(kernel)} if kernel in PIPELINED else {}
         if kernel in STEPPED:
             pipe["KSTEP"] = self.key_steps(kernel)
+        if kernel == "bwd":
+            pipe["HOIST"] = self.walk_hoist
         regs = self.max_registers(kernel)
         return {"num_warps": warps, "num_stages": stages, **pipe,
                 **({"maxnreg": regs} if regs else {})}
@@ -509,7 +524,7 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
     warps (`ut_warps`, `KV_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe (`pipe_table`),
     steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), seg_walk
-    (`SEG_WALK`)."""
+    (`SEG_WALK`), walk_hoist (`WALK_HOIST`)."""
     kv_warps = KV_WARPS.get((arch, BD, dtype != torch.float32))
     wide = SEG_BWD_WIDE.get((arch, BD, dtype != torch.float32))
     warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
@@ -517,7 +532,8 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),
             "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT),
-            "seg_walk": (arch, BD, dtype != torch.float32) in SEG_WALK}
+            "seg_walk": (arch, BD, dtype != torch.float32) in SEG_WALK,
+            "walk_hoist": (arch, BD, dtype != torch.float32) in WALK_HOIST}
 
 
 def step_table(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:

@@ -6,6 +6,8 @@ through it, forward and every gradient against the float64 reference."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ pytest.importorskip("triton")
 
 from pathattn.ops import path_attn_naive  # noqa: E402
 from pathattn.ops.path.triton import config  # noqa: E402
+from pathattn.ops.path.triton import op as op_module  # noqa: E402
 from pathattn.ops.path.triton.op import path_attn_triton  # noqa: E402
 
 from .._helpers import (  # noqa: E402
@@ -45,6 +48,9 @@ def test_devices_settings():
     assert (h100_128.BT, h100_128.seg_bwd_rows(128)) == (32, 64)
     assert h100_128.launch("seg_bwd")[0] == 8 and h100_128.launch("seg")[0] == 4
     assert h100_128.seg_walk and h100.seg_walk
+    # the query kernel's walk through loop-invariant offsets at D 64 with 16-bit inputs
+    assert h100.walk_hoist and a100.walk_hoist and h100.launch_kwargs("bwd")["HOIST"]
+    assert not (h100_128.walk_hoist or a100_f32.walk_hoist)
     assert not config.launch_config(128, 128, torch.float32, config.H100_SHARED,
                                     capability=(9, 0)).seg_walk
     assert config.launch_config(128, 128, torch.bfloat16, config.A100_SHARED,
@@ -82,6 +88,36 @@ def test_segment_keys_walk(monkeypatch, gates, cu):
     assert config.launch_config(32, 32, torch.float32, None, 16).seg_walk
     assert not config.launch_config(64, 64, torch.float32, None, 16).seg_walk
     _against_reference(gates, cu, seg=3)
+
+
+@pytest.mark.parametrize("steps, gates, cu, seg", [(1, True, None, 2), (2, False, None, 2),
+                                                   (1, False, CU_70, 1)],
+                         ids=["gates", "2-steps", "packed"])
+def test_hoisted_walk_loads(monkeypatch, steps, gates, cu, seg):
+    """`WALK_HOIST` (sm_90 and sm_80 at D = 64 for 16-bit inputs): the query kernel's walk
+    over earlier segments loads keys and values through loop-invariant offsets, one block
+    or two a step; here for float32 at D = 32 (segments of 2 blocks, or 1 in the packed
+    sequences, so that every case walks), forward and every gradient against the float64
+    reference, and the launch passing HOIST."""
+    from pathattn.ops.path.triton import bwd
+
+    monkeypatch.setattr(config, "WALK_HOIST", {(90, 32, False)})
+    monkeypatch.setattr(config, "step_table", lambda *a: (("bwd", steps),))
+    cfg = config.launch_config(32, 32, torch.float32, None, 16)
+    assert cfg.walk_hoist and cfg.launch_kwargs("bwd")["HOIST"] is True
+    assert not config.launch_config(64, 64, torch.float32, None, 16).walk_hoist
+    assert "HOIST" not in cfg.launch_kwargs("fwd")
+    seen = []
+    scan = bwd.bwd_scan
+
+    def spy(*args, **kw):
+        launch = inspect.signature(scan).bind(*args, **kw).arguments["launch"]
+        seen.append(launch["HOIST"])  # the query kernel's launch settings
+        return scan(*args, **kw)
+
+    monkeypatch.setattr(op_module, "bwd_scan", spy)
+    _against_reference(gates, cu, seg=seg)
+    assert seen == [True]
 
 
 @pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
