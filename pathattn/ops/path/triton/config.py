@@ -271,13 +271,15 @@ WALK_HOIST = {(90, 64, True), (80, 64, True)}
 # sm_90, D 128, bf16, BTR 32 (R 1 and 2): at 4 warps ut_bwd_q, ut_bwd_dk and ut_bwd_inv
 # issue 0.57-0.73x the instructions of 8 (per block, Triton 3.6 and 3.9,
 # `benchmarks/static_vs_fla.py`), with 0-112 B of spills at R = 1 (none at R = 2; these
-# kernels have no loop); ut_bwd keeps 8 (at 4 it spills 328-600 B). UT_FOUR_WARPS_R1: the
+# kernels have no loop); ut_bwd 0.59-0.63x (R 1: 2,672 x 4 against 2,120 x 8 warp-
+# instructions, Triton 3.9; 2,640 x 4 against 2,104 x 8 with 3.6), with 328-600 B of
+# spills, 72-136 spill loads / stores per program against 30-38 at 8. UT_FOUR_WARPS_R1: the
 # same, with one reflection per token only: sm_90, D 128, bf16, ut_fwd at 4 warps issues
 # 0.60-0.61x the instructions of 8 with 72-80 B of spills (40 B at 8); with R = 2 (16-token
 # blocks) it spills 56 B at 4 warps and none at 8.
 UT_KERNELS = ("ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv")
 UT_FOUR_WARPS = {(90, 64, True, 64): ("ut_fwd", "ut_bwd"),
-                 (90, 128, True, 32): ("ut_bwd_q", "ut_bwd_dk", "ut_bwd_inv"),
+                 (90, 128, True, 32): ("ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv"),
                  (80, 256, False, 64): ("ut_bwd_q", "ut_bwd")}
 UT_FOUR_WARPS_R1 = {(90, 128, True, 32): ("ut_fwd",)}
 # registers per thread ptxas may allocate (the PTX directive .maxnreg: Triton's launch

@@ -244,7 +244,7 @@ def test_ut_kernels_warps():
     assert r2_128.BT == 16 and r2_128.launch("ut_fwd")[0] == 8
     assert r2_128.launch("ut_bwd_inv")[0] == 4
     for cfg, four in ((h100, {"ut_fwd", "ut_bwd"}), (a100, set()),
-                      (h100_128, {"ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd_inv"}),
+                      (h100_128, {"ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv"}),
                       (h100_f32, set())):
         for k in config.KERNELS:
             warps = 4 if k not in config.UT_KERNELS or k in four else 8
