@@ -266,8 +266,15 @@ WALK_HOIST = {(90, 64, True), (80, 64, True)}
 # ut_bwd 600 -> 120 B; float32, D 64, ut_bwd_q 1,972 -> 800 B), except where
 # UT_FOUR_WARPS lists a kernel: (architecture, padded head dim, 16-bit inputs, rows of the
 # UT tile BTR = BT * R rounded up to a power of two) -> kernels that keep 4 warps. sm_90,
-# D 64, bf16: ut_fwd spills 0 B at 4 warps, 392 B at 8, ut_bwd 0 B and 88 B; sm_80, D 256,
-# float32, BTR 64: ut_bwd_q and ut_bwd need more shared memory at 8 warps than an A100 has.
+# D 64, bf16: ut_fwd spills 0 B at 4 warps, 392 B at 8, ut_bwd 0 B and 88 B; ut_bwd_q,
+# ut_bwd_dk and ut_bwd_inv issue 0.53-0.67x the warp-instructions of 8 per program (R 1
+# and 2, Triton 3.6 and 3.9; a program's work is the same, 8 warps repeat its index and
+# address arithmetic) with no spills (ut_bwd_q at R = 2: 128 B). sm_80, D 64, bf16: every UT
+# kernel spills at either count, and 4 warps issue 0.51-0.72x the warp-instructions of 8
+# with at most as many spill loads / stores per program (ut_fwd at R = 1: 8,840 x 4
+# against 8,120 x 8 instructions, 530 x 4 against 357 x 8 of them spill operations).
+# sm_80, D 256, float32, BTR 64: ut_bwd_q and ut_bwd need more shared memory at 8 warps
+# than an A100 has.
 # sm_90, D 128, bf16, BTR 32 (R 1 and 2): at 4 warps ut_bwd_q, ut_bwd_dk and ut_bwd_inv
 # issue 0.57-0.73x the instructions of 8 (per block, Triton 3.6 and 3.9,
 # `benchmarks/static_vs_fla.py`), with 0-112 B of spills at R = 1 (none at R = 2; these
@@ -278,7 +285,8 @@ WALK_HOIST = {(90, 64, True), (80, 64, True)}
 # 0.60-0.61x the instructions of 8 with 72-80 B of spills (40 B at 8); with R = 2 (16-token
 # blocks) it spills 56 B at 4 warps and none at 8.
 UT_KERNELS = ("ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv")
-UT_FOUR_WARPS = {(90, 64, True, 64): ("ut_fwd", "ut_bwd"),
+UT_FOUR_WARPS = {(90, 64, True, 64): UT_KERNELS,
+                 (80, 64, True, 64): UT_KERNELS,
                  (90, 128, True, 32): ("ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv"),
                  (80, 256, False, 64): ("ut_bwd_q", "ut_bwd")}
 UT_FOUR_WARPS_R1 = {(90, 128, True, 32): ("ut_fwd",)}

@@ -233,17 +233,19 @@ def test_ut_kernels_warps():
                                     capability=(9, 0))
     h100_f32 = config.launch_config(64, 64, torch.float32, config.H100_SHARED, capability=(9, 0))
     assert (h100.BT, a100.BT) == (64, 64)
-    assert config.UT_FOUR_WARPS[90, 64, True, 64] == ("ut_fwd", "ut_bwd")
+    # D 64, bf16, sm_90 and sm_80: every UT kernel at 4 warps
+    assert config.UT_FOUR_WARPS[90, 64, True, 64] == config.UT_KERNELS
+    assert config.UT_FOUR_WARPS[80, 64, True, 64] == config.UT_KERNELS
     r2 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0),
                               reflections=2)  # 32-token blocks: a 64-row UT tile
-    assert r2.BT == 32 and r2.launch("ut_fwd")[0] == 4 and r2.launch("ut_bwd_q")[0] == 8
+    assert r2.BT == 32 and all(r2.launch(k)[0] == 4 for k in config.UT_KERNELS)
     # D 128: ut_fwd takes 4 warps with one reflection per token only (16-token blocks of
     # R = 2 fill the same 32-row UT tile)
     r2_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
                                   capability=(9, 0), reflections=2)
     assert r2_128.BT == 16 and r2_128.launch("ut_fwd")[0] == 8
     assert r2_128.launch("ut_bwd_inv")[0] == 4
-    for cfg, four in ((h100, {"ut_fwd", "ut_bwd"}), (a100, set()),
+    for cfg, four in ((h100, set(config.UT_KERNELS)), (a100, set(config.UT_KERNELS)),
                       (h100_128, {"ut_fwd", "ut_bwd_q", "ut_bwd_dk", "ut_bwd", "ut_bwd_inv"}),
                       (h100_f32, set())):
         for k in config.KERNELS:
