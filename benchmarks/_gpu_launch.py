@@ -12,6 +12,7 @@ head dim (the last two rows: D = 128's defaults, and its former key tiles):
   warps       8 warps for fwd, bwd or bwd_kv (default 4; `LaunchConfig.warps`)
   kv_tiles    (keys, queries) per step of the key-parallel kernel (`config.KV_TILES`)
   walk_hoist  the query kernel's walk with per-element offsets (`config.WALK_HOIST`)
+  own_hoist   its own-segment loop with per-element offsets (`config.OWN_HOIST`)
 
 A ratio below 1 names a faster setting for the device's architecture. Each row runs in its
 own process (8 warps or other tiles compile kernels never run before: a fault costs only
@@ -53,8 +54,10 @@ def settings(smoke: bool) -> list[tuple[str, str, dict]]:
     return ([("block_size", "32", {"block_size": 32}),
              ("seg", "x0.5", {"seg_scale": 0.5}), ("seg", "x2", {"seg_scale": 2.0})]
             + [("warps", f"{k} 8", {"warps": (k, 8)}) for k in ("fwd", "bwd", "bwd_kv")]
-            # the query kernel's walk with per-element offsets (`config.WALK_HOIST`)
-            + [("walk_hoist", "off", {"fields": {"walk_hoist": False}})]
+            # the query kernel's walk and own-segment loop with per-element offsets
+            # (`config.WALK_HOIST`, `OWN_HOIST`)
+            + [("walk_hoist", "off", {"fields": {"walk_hoist": False}}),
+               ("own_hoist", "off", {"fields": {"own_hoist": False}})]
             + [("kv_tiles", f"{a}x{b}", {"kv": (a, b)}) for a, b in ((32, 64), (64, 32),
                                                                      (32, 32))]
             # D = 128 (32-token blocks): its own defaults (key tiles 128x64, 8 warps), and
@@ -62,7 +65,8 @@ def settings(smoke: bool) -> list[tuple[str, str, dict]]:
             + [("default", "D 128", {"D": 128})]
             + [("kv_tiles", f"{a}x{b} 4 warps D 128",
                 {"D": 128, "kv": (a, b), "warps": ("bwd_kv", 4)})
-               for a, b in ((32, 32), (16, 32), (64, 64))])
+               for a, b in ((32, 32), (16, 32), (64, 64))]
+            + [("own_hoist", "off D 128", {"D": 128, "fields": {"own_hoist": False}})])
 
 
 def _default_seg(T: int, cfg: config.LaunchConfig) -> int:
@@ -90,7 +94,7 @@ def _row(device: torch.device, plan, shape: tuple, change: dict) -> dict:
         BT = cfg.BT
         row |= {"warps": "/".join(str(cfg.launch(k)[0]) for k in ("fwd", "bwd", "bwd_kv")),
                 "kv_tiles": "x".join(map(str, cfg.kv_tiles())),
-                "walk_hoist": cfg.walk_hoist}  # as launched
+                "walk_hoist": cfg.walk_hoist, "own_hoist": cfg.own_hoist}  # as launched
         seg = 0
         if "seg_scale" in change:
             seg = max(1, round(_default_seg(T, cfg) * change["seg_scale"]))

@@ -245,6 +245,7 @@ def test_launch_settings_compare_each_head_dim_with_its_own_defaults(monkeypatch
     full = gl.settings(False)
     assert ("default", "D 128", {"D": 128}) in full
     assert ("walk_hoist", "off", {"fields": {"walk_hoist": False}}) in full
+    assert ("own_hoist", "off D 128", {"D": 128, "fields": {"own_hoist": False}}) in full
     assert ("kv_tiles", "32x32 4 warps D 128",
             {"D": 128, "kv": (32, 32), "warps": ("bwd_kv", 4)}) in full
     rows = [("default", "D 128", {"D": 128}), ("kv_tiles", "16x32", {"D": 128, "kv": (16, 32)}),

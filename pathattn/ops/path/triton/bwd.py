@@ -95,14 +95,14 @@ def _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, KB: tl
 def _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr, dk_ptr,
                 dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G: tl.constexpr,
                 BT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-                EMULATE: tl.constexpr):
+                EMULATE: tl.constexpr, HOIST: tl.constexpr):
     """The attention part of a block pair of the query's own segment: query state x against
     the full key block at token tc with logits S. Adds dV += P^T dO to dv_ptr and dS^T x
     to dk_ptr, the keys' column sums of dS to dgate_ptr (gates); returns dS (in DT, the
     dtype of its products) and drow plus its row sums. Every atomic is relaxed: the sums
-    need no ordering, only atomicity."""
+    need no ordering, only atomicity. HOIST: the values through loop-invariant offsets."""
     P, dS = _dlogits(S, tc, h, dO, lse, delta, rmask, v_ptr, H, DV, vcols, vmask, BT, DT,
-                     PREC, EMULATE)
+                     PREC, EMULATE, HOIST)
     if HAS_G:
         drow += tl.sum(dS, axis=1)
         if BT < 64:
@@ -132,19 +132,25 @@ def _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_
                      wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr, dwp_ptr, dgate_ptr, HQ, H, D, DV,
                      cols, cmask, vcols, vmask, HAS_G: tl.constexpr, BT: tl.constexpr,
                      DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
-                     EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr):
+                     EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
+                     HOIST: tl.constexpr):
     """One step of the left-to-right walk inside the query's own segment: query state
     x^(c), rounded to DT (x, the attention products' operand) and to TDT (xt, the
     transitions'), against key block c; returns the adjoint g^(c) from g = g^(c-1), and
-    drow (`_pair_grads`)."""
+    drow (`_pair_grads`). HOIST: keys, values and (without padding rows) reflections
+    through loop-invariant offsets (`load_block`)."""
     tc = s0 + c * BT
     dS, drow = _pair_grads(x, S, drow, tc, hq, h, dO, lse, delta, rmask, v_ptr, dv_ptr,
                            dkt_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask, HAS_G,
-                           BT, DT, PREC, EMULATE)
+                           BT, DT, PREC, EMULATE, HOIST)
     if c > 0:  # Pt_c acted on x^(c) (g^(c-1) is zero for c == 0)
         wr, wmask = full_block_reflections(tc, BT, R, BTR)  # [BTR]
-        Wc = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
-        Uc = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
+        if HOIST and BT * R == BTR:
+            Wc = load_block(wt_ptr, tc * R, BTR, H * D, h * D, cols, cmask)
+            Uc = load_block(u_ptr, tc * R, BTR, H * D, h * D, cols, cmask)
+        else:
+            Wc = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
+            Uc = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
         if BT * R == BTR:  # no padding rows
             amask = cmask[None, :]
         else:
@@ -158,7 +164,10 @@ def _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask, kt_
                       -mm_lp(ug, xt, TDT, PREC, EMULATE), mask=amask, sem="relaxed")
         g = g - mm_lp(tl.trans(ug), Wc, TDT, PREC, EMULATE)
     kr = tc + tl.arange(0, BT)
-    Kt = load_raw(kt_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
+    if HOIST:
+        Kt = load_block(kt_ptr, tc, BT, H * D, h * D, cols, cmask)
+    else:
+        Kt = load_raw(kt_ptr, kr, kr >= 0, H * D, h * D, cols, cmask)
     return g + mm_lp(dS, Kt, DT, PREC, EMULATE), drow
 
 
@@ -199,7 +208,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
                 HAS_G: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                 BK: tl.constexpr, DT: tl.constexpr, TDT: tl.constexpr, PREC: tl.constexpr,
                 EMULATE: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
-                PIPE: tl.constexpr = 1, KSTEP: tl.constexpr = 1, HOIST: tl.constexpr = False):
+                PIPE: tl.constexpr = 1, KSTEP: tl.constexpr = 1, HOIST: tl.constexpr = False,
+                HOIST_OWN: tl.constexpr = False):
     blk = tl.num_programs(0) - 1 - tl.program_id(0)  # last blocks (the longest walks) first
     hq = tl.program_id(1)
     h = hq // G
@@ -311,11 +321,12 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, wt_ptr, u_ptr, kt_ptr, m_ptr, g_ptr, gs_ptr
         xt = x.to(TDT)
         x = x.to(DT)
         S, _ = key_block_logits(x, kt_ptr, g_ptr, ge_ptr, tc + cbt, tc, hq, h, ga, HQ, H, D,
-                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, False, BT)
+                                NTOK, cols, cmask, HAS_G, BT, DT, PREC, EMULATE, HOIST_OWN,
+                                BT)
         g, drow = _key_block_grads(x, xt, S, g, drow, c, s0, hq, h, dO, lse, delta, rmask,
                                    kt_ptr, v_ptr, wt_ptr, u_ptr, dv_ptr, dkt_ptr, du_ptr,
                                    dwp_ptr, dgate_ptr, HQ, H, D, DV, cols, cmask, vcols, vmask,
-                                   HAS_G, BT, DT, TDT, PREC, EMULATE, R, BTR)
+                                   HAS_G, BT, DT, TDT, PREC, EMULATE, R, BTR, HOIST_OWN)
     if HAS_G:  # dL/dG: this block's rows as queries, minus its tokens' in-block columns
         tl.atomic_add(dgate_ptr + row_offsets(rows, HQ, hq), drow - dcol, mask=rmask,
                       sem="relaxed")

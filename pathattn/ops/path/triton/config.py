@@ -21,7 +21,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "KV_WARPS", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
            "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "SEG_WALK",
-           "WALK_HOIST", "pipe_table",
+           "WALK_HOIST", "OWN_HOIST", "pipe_table",
            "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS", "UT_FOUR_WARPS",
            "UT_FOUR_WARPS_R1", "ut_warps",
            "device_settings"]
@@ -260,6 +260,14 @@ SEG_WALK = {(90, 64, True), (90, 128, True)}
 # loads / stores per step (33 -> 48 per segment crossed); float32 at D 64 no fewer
 # instructions and more spills.
 WALK_HOIST = {(90, 64, True), (80, 64, True)}
+# the same for the query kernel's loop over its own segment's blocks (keys, values and
+# reflections: `bwd._bwd_kernel` HOIST_OWN). bf16, per block of that loop, SASS instructions
+# / spill loads and stores, Triton 3.9 [3.6]: sm_90 D 64 1,650 / 11 -> 1,583 / 7 with gates,
+# 1,410 / 14 -> 1,349 / 18 without; sm_90 D 128 1,586 / 62 -> 1,563 / 56 [1,669 / 24 ->
+# 1,590 / 2] with gates, 1,416 / 10 -> 1,398 / 6 without. On sm_80 at D 64 the walk's
+# blocks cost 22-24 instructions more (599 -> 586 with gates), more than the own loop saves
+# over a long sequence; float32 changes little either way.
+OWN_HOIST = {(90, 64, True), (90, 128, True)}
 # the UT transform's kernels: one program per block and head, no loop, and with TF32 /
 # 3xTF32 operands held in registers. 8 warps halve each thread's share of their tiles and
 # spill less than 4 (compiled ahead of time with Triton 3.6 and 3.9: sm_90, D 128, bf16,
@@ -334,8 +342,9 @@ class LaunchConfig:
     rows of E per program of
     the segment backward (0: min(BD, BT); `seg_bwd_rows`), maxnreg, the registers per
     thread the launches of `MAXNREG_KERNELS` allow (`max_registers`), seg_walk, whether
-    the segment keys walk each segment (`SEG_WALK`), and walk_hoist, whether the query
-    kernel's walk loads keys and values through loop-invariant offsets (`WALK_HOIST`)."""
+    the segment keys walk each segment (`SEG_WALK`), and walk_hoist and own_hoist, whether
+    the query kernel's walk over earlier segments and its loop over its own segment load
+    keys and values through loop-invariant offsets (`WALK_HOIST`, `OWN_HOIST`)."""
 
     BT: int
     shared_limit: int
@@ -350,6 +359,7 @@ class LaunchConfig:
     maxnreg: int = MAX_REGISTERS
     seg_walk: bool = False
     walk_hoist: bool = False
+    own_hoist: bool = False
 
     def kv_tiles(self) -> tuple[int, int]:
         """(BKT, BQ) of the backward's key-parallel kernel: keys per program and queries per
@@ -396,13 +406,14 @@ class LaunchConfig:
     def launch_kwargs(self, kernel: str) -> dict:
         """num_warps / num_stages keyword arguments of a kernel launch, maxnreg where
         `max_registers` states it, PIPE for the `PIPELINED` kernels, KSTEP for the
-        `STEPPED` ones and HOIST (`walk_hoist`) for the query kernel."""
+        `STEPPED` ones and HOIST / HOIST_OWN (`walk_hoist`, `own_hoist`) for the query
+        kernel."""
         warps, stages = self.launch(kernel)
         pipe = {"PIPE": self.pipe_stages(kernel)} if kernel in PIPELINED else {}
         if kernel in STEPPED:
             pipe["KSTEP"] = self.key_steps(kernel)
         if kernel == "bwd":
-            pipe["HOIST"] = self.walk_hoist
+            pipe.update(HOIST=self.walk_hoist, HOIST_OWN=self.own_hoist)
         regs = self.max_registers(kernel)
         return {"num_warps": warps, "num_stages": stages, **pipe,
                 **({"maxnreg": regs} if regs else {})}
@@ -534,7 +545,7 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
     warps (`ut_warps`, `KV_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe (`pipe_table`),
     steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), seg_walk
-    (`SEG_WALK`), walk_hoist (`WALK_HOIST`)."""
+    (`SEG_WALK`), walk_hoist (`WALK_HOIST`), own_hoist (`OWN_HOIST`)."""
     kv_warps = KV_WARPS.get((arch, BD, dtype != torch.float32))
     wide = SEG_BWD_WIDE.get((arch, BD, dtype != torch.float32))
     warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
@@ -543,7 +554,8 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
             "steps": step_table(arch, BD, dtype, BT, R),
             "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT),
             "seg_walk": (arch, BD, dtype != torch.float32) in SEG_WALK,
-            "walk_hoist": (arch, BD, dtype != torch.float32) in WALK_HOIST}
+            "walk_hoist": (arch, BD, dtype != torch.float32) in WALK_HOIST,
+            "own_hoist": (arch, BD, dtype != torch.float32) in OWN_HOIST}
 
 
 def step_table(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:

@@ -169,7 +169,7 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
     if kernel in STEPPED:
         c.update(KSTEP=cfg.key_steps(kernel))
     if kernel == "bwd":
-        c.update(HOIST=cfg.walk_hoist)
+        c.update(HOIST=cfg.walk_hoist, HOIST_OWN=cfg.own_hoist)
     if kernel == "pi":
         c.update(BR=min(tiles["BD"], cfg.BT), TDT=_TL[transition_dtype(dtype)], EMULATE=False)
     if kernel in ("seg", "seg_bwd"):  # seg as the backward launches it (storing E)

@@ -51,6 +51,9 @@ def test_devices_settings():
     # the query kernel's walk through loop-invariant offsets at D 64 with 16-bit inputs
     assert h100.walk_hoist and a100.walk_hoist and h100.launch_kwargs("bwd")["HOIST"]
     assert not (h100_128.walk_hoist or a100_f32.walk_hoist)
+    # and its own-segment loop on the H100 at D 64 and 128
+    assert h100.own_hoist and h100_128.own_hoist and h100_128.launch_kwargs("bwd")["HOIST_OWN"]
+    assert not (a100.own_hoist or a100_f32.own_hoist)
     assert not config.launch_config(128, 128, torch.float32, config.H100_SHARED,
                                     capability=(9, 0)).seg_walk
     assert config.launch_config(128, 128, torch.bfloat16, config.A100_SHARED,
@@ -94,30 +97,34 @@ def test_segment_keys_walk(monkeypatch, gates, cu):
                                                    (1, False, CU_70, 1)],
                          ids=["gates", "2-steps", "packed"])
 def test_hoisted_walk_loads(monkeypatch, steps, gates, cu, seg):
-    """`WALK_HOIST` (sm_90 and sm_80 at D = 64 for 16-bit inputs): the query kernel's walk
-    over earlier segments loads keys and values through loop-invariant offsets, one block
-    or two a step; here for float32 at D = 32 (segments of 2 blocks, or 1 in the packed
-    sequences, so that every case walks), forward and every gradient against the float64
-    reference, and the launch passing HOIST."""
+    """`WALK_HOIST` and `OWN_HOIST` (the H100 at D = 64, and D = 128 for the latter, with
+    16-bit inputs): the query kernel's walk over earlier segments (one block or two a step)
+    and its loop over its own segment load keys, values and reflections through
+    loop-invariant offsets; here for float32 at D = 32 (segments of 2 blocks, or 1 in the
+    packed sequences, so that every case walks), forward and every gradient against the
+    float64 reference, and the launch passing HOIST and HOIST_OWN."""
     from pathattn.ops.path.triton import bwd
 
     monkeypatch.setattr(config, "WALK_HOIST", {(90, 32, False)})
+    monkeypatch.setattr(config, "OWN_HOIST", {(90, 32, False)})
     monkeypatch.setattr(config, "step_table", lambda *a: (("bwd", steps),))
     cfg = config.launch_config(32, 32, torch.float32, None, 16)
     assert cfg.walk_hoist and cfg.launch_kwargs("bwd")["HOIST"] is True
+    assert cfg.own_hoist and cfg.launch_kwargs("bwd")["HOIST_OWN"] is True
     assert not config.launch_config(64, 64, torch.float32, None, 16).walk_hoist
+    assert not config.launch_config(64, 64, torch.float32, None, 16).own_hoist
     assert "HOIST" not in cfg.launch_kwargs("fwd")
     seen = []
     scan = bwd.bwd_scan
 
     def spy(*args, **kw):
         launch = inspect.signature(scan).bind(*args, **kw).arguments["launch"]
-        seen.append(launch["HOIST"])  # the query kernel's launch settings
+        seen.append((launch["HOIST"], launch["HOIST_OWN"]))  # the query kernel's settings
         return scan(*args, **kw)
 
     monkeypatch.setattr(op_module, "bwd_scan", spy)
     _against_reference(gates, cu, seg=seg)
-    assert seen == [True]
+    assert seen == [(True, True)]
 
 
 @pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
