@@ -243,6 +243,11 @@ def test_ut_kernels_warps():
     # D 64, bf16, sm_90 and sm_80: every UT kernel at 4 warps
     assert config.UT_FOUR_WARPS[90, 64, True, 64] == config.UT_KERNELS
     assert config.UT_FOUR_WARPS[80, 64, True, 64] == config.UT_KERNELS
+    for R in (1, 2):  # D 128, bf16, sm_80: every UT kernel at 4 warps (a 32-row UT tile)
+        a100_128 = config.launch_config(128, 128, torch.bfloat16, config.A100_SHARED,
+                                        capability=(8, 0), reflections=R)
+        assert a100_128.BT * R == 32
+        assert all(a100_128.launch(k)[0] == 4 for k in config.UT_KERNELS)
     r2 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0),
                               reflections=2)  # 32-token blocks: a 64-row UT tile
     assert r2.BT == 32 and all(r2.launch(k)[0] == 4 for k in config.UT_KERNELS)
