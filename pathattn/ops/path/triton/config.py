@@ -549,16 +549,16 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
     warps (`ut_warps`, `KV_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe (`pipe_table`),
     steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), seg_walk
     (`SEG_WALK`), walk_hoist (`WALK_HOIST`), own_hoist (`OWN_HOIST`)."""
-    kv_warps = KV_WARPS.get((arch, BD, dtype != torch.float32))
-    wide = SEG_BWD_WIDE.get((arch, BD, dtype != torch.float32))
+    key = (arch, BD, dtype != torch.float32)
+    kv_warps = KV_WARPS.get(key)
+    wide = SEG_BWD_WIDE.get(key)
     warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
     return {"warps": warps + ((("seg_bwd", wide[1]),) if wide else ()), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),
             "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT),
-            "seg_walk": (arch, BD, dtype != torch.float32) in SEG_WALK,
-            "walk_hoist": (arch, BD, dtype != torch.float32) in WALK_HOIST,
-            "own_hoist": (arch, BD, dtype != torch.float32) in OWN_HOIST}
+            "seg_walk": key in SEG_WALK, "walk_hoist": key in WALK_HOIST,
+            "own_hoist": key in OWN_HOIST}
 
 
 def step_table(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> tuple:

@@ -52,8 +52,6 @@ from .config import (
     A100_SHARED,
     H100_SHARED,
     KERNELS,
-    PIPELINED,
-    STEPPED,
     LaunchConfig,
     block_lengths,
     device_settings,
@@ -164,12 +162,9 @@ def _constexprs(kernel: str, D: int, dtype, gates: bool, cfg: LaunchConfig, G: i
         c.update(BK=rows(tiles["BD"]))
     if kernel == "bwd_kv":
         c.update(zip(("BKT", "BQ"), cfg.kv_tiles(), strict=True))
-    if kernel in PIPELINED:
-        c.update(PIPE=cfg.pipe_stages(kernel))
-    if kernel in STEPPED:
-        c.update(KSTEP=cfg.key_steps(kernel))
-    if kernel == "bwd":
-        c.update(HOIST=cfg.walk_hoist, HOIST_OWN=cfg.own_hoist)
+    # the compile-time arguments the launch settings carry (PIPE, KSTEP, HOIST, ...)
+    c.update({k: v for k, v in cfg.launch_kwargs(kernel).items()
+              if k not in ("num_warps", "num_stages", "maxnreg")})
     if kernel == "pi":
         c.update(BR=min(tiles["BD"], cfg.BT), TDT=_TL[transition_dtype(dtype)], EMULATE=False)
     if kernel in ("seg", "seg_bwd"):  # seg as the backward launches it (storing E)

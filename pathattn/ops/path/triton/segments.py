@@ -50,7 +50,6 @@ from ._common import (
     block_reflections,
     device_fn,
     e_offsets,
-    full_block_reflections,
     load_raw,
     mm_lp,
     reflection_tile,
@@ -117,10 +116,8 @@ def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_pt
         _block_keys(E, kt_ptr, e_ptr, ks_ptr, blk, t0, s1, h, H, D, cols, cmask, rr, BT, BD,
                     PREC, DT, EMULATE, STORE_E)
         if (c % SEG == 0) & crossed:  # a crossed segment's first block f
-            wr, wmask = full_block_reflections(t0, BT, R, BTR)
-            Wf = load_raw(wt_ptr, wr, wmask, H * D, h * D, cols, cmask)
-            Uf = load_raw(u_ptr, wr, wmask, H * D, h * D, cols, cmask)
-            M = E - mm_lp(mm_lp(E, tl.trans(Wf), TDT, PREC, EMULATE), Uf, TDT, PREC, EMULATE)
+            M = _times_transition(E, wt_ptr, u_ptr, t0, s1, h, H, D, cols, cmask, BT, PREC, R,
+                                  BTR, TDT, EMULATE)
             tl.store(ms_ptr + e_offsets(tl.load(slot_ptr + blk), h, H, rr, cols, BD), M)
     if WALK:
         if crossed:
