@@ -62,8 +62,11 @@ def _per_block(T: int, s: dict) -> list:
 def ours(D: int, shape: dict) -> list[Kernel]:
     """Our kernels around the scans at head dim D (`shape`: `static_vs_fla._ours_shape`, with NR and
     NRB the groups of rows of E per block of `seg` / `pi` and of `seg_bwd`)."""
-    seg_loop = Loop(line(segments._seg_kernel, "for i in range(0, e - c + 1)" if shape["WALK"]
-                         else "for i in range(0, e - c)"), lambda p, s: p)
+    # the walk: a segment's first block steps through its later blocks (p - 1 steps); the
+    # per-block form: block c through the p later blocks of its segment
+    seg_loop = (Loop(line(segments._seg_kernel, "# blocks e - 1, ..., c"), lambda p, s: p - 1)
+                if shape["WALK"] else
+                Loop(line(segments._seg_kernel, "# blocks e, e-1, ..., c+1"), lambda p, s: p))
     pi_loops = [Loop(line(crossings._pi_kernel, "for i in range(0, q - 1)"),
                      lambda p, s: p - 1)]
     if shape["NS"] > 1:  # past D = 64 the products are read a slice at a time

@@ -102,9 +102,10 @@ def test_loops_must_match_the_description():
 
 @pytest.mark.parametrize("D, T", [(64, 2048), (128, 2048), (128, 16384)])
 def test_ours_linear_loops_cover_the_blocks(D, T):
-    """The kernels around the scans: `seg` (walking) and `seg_bwd` step once through every
-    block per group of rows of E, `pi` forms each segment q's products with the q - 1
-    segments before it but one."""
+    """The kernels around the scans: `seg` (walking) steps once through every block but a
+    segment's last (whose keys it forms before its loop) and `seg_bwd` through every block,
+    per group of rows of E; `pi` forms each segment q's products with the q - 1 segments
+    before it but one."""
     import _static_linear as sl
 
     shape = {**sv._ours_shape(D), "T": T}
@@ -113,8 +114,8 @@ def test_ours_linear_loops_cover_the_blocks(D, T):
     n_seg = -(-n // seg)
     kernels = {(k.part, k.name): k for k in sl.ours(D, shape)}
     assert shape["WALK"]  # sm_90, bf16, D 64 and 128 (`config.SEG_WALK`)
-    assert _trips(kernels["fwd", "seg"], T, shape) == [n * shape["NR"]]
-    assert _trips(kernels["bwd", "seg"], T, shape) == [n * shape["NR"]]
+    assert _trips(kernels["fwd", "seg"], T, shape) == [(n - n_seg) * shape["NR"]]
+    assert _trips(kernels["bwd", "seg"], T, shape) == [(n - n_seg) * shape["NR"]]
     # per block: the blocks after it in its segment
     blocks = {**shape, "WALK": False}
     per_block = sl.ours(D, blocks)[1]

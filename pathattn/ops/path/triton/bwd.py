@@ -346,7 +346,8 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
              emulate: bool, BK: int, BKV: int, launch: dict | None = None,
              seg_launch: dict | None = None, kv_launch: dict | None = None,
              kv_tiles: tuple[int, int] | None = None, seg_rows: int | None = None,
-             seg_bwd_launch: dict | None = None, seg_walk: bool = False):
+             seg_bwd_launch: dict | None = None, seg_walk: bool = False,
+             pi_launch: dict | None = None):
     """Scan gradients. Inputs as `fwd.fwd_scan` plus do [N, HQ, Dv] (q's dtype), lse and
     delta = rowsum(dO * O) [N, HQ] (float32), the segment slots of
     `segments.segment_slots` and pairs = (pair bases, rows) of `crossings.segment_pairs`
@@ -362,7 +363,8 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
     segment kernels (`segments`, `crossings`) and of the key-parallel kernel (`bwd_kv`);
     kv_tiles: the latter's (BKT, BQ); seg_rows and seg_bwd_launch: the rows of E per
     program and num_warps / num_stages of `segments.segment_grads` (default: seg_launch);
-    seg_walk: `segments.segment_keys`' walk.
+    seg_walk: `segments.segment_keys`' walk; pi_launch: num_warps / num_stages of
+    `crossings.segment_products` (default: seg_launch).
     """
     N, HQ, D = q.shape
     H, Dv = k.shape[1], v.shape[-1]
@@ -372,7 +374,7 @@ def bwd_scan(q, k, v, w, u, kt, m, G, do, lse, delta, table, slots, n_slots: int
                              emulate, R, store_e=True, launch=seg_launch, walk=seg_walk)
     pbase, n_pairs = pairs
     pi = segment_products(ms, table, slots, pbase, n_pairs, seg, BT, BD, BK, prec, tdt,
-                          emulate, seg_launch)
+                          emulate, seg_launch if pi_launch is None else pi_launch)
     dqt = torch.empty(N, HQ, D, **f32)
     # per query block: its state at its own segment's start and at the segment walked
     ys = torch.empty(N, HQ, D, **f32)

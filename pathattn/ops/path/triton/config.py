@@ -21,6 +21,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "KV_WARPS", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
            "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "SEG_WALK",
+           "SEG_WARPS",
            "WALK_HOIST", "OWN_HOIST", "pipe_table",
            "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS", "UT_FOUR_WARPS",
            "UT_FOUR_WARPS_R1", "ut_warps",
@@ -246,10 +247,25 @@ SEG_BWD_WIDE = {(90, 128, True): (64, 8)}
 # (architecture, padded head dim, 16-bit inputs) where the segment keys walk each segment
 # (`segments._seg_kernel` WALK: one transition product per block, against sqrt(blocks) / 2
 # per block in the per-block form; D 128, T 8192: 9.97 -> 2.91 M instructions per head,
-# `benchmarks/static_vs_fla.py`). Elsewhere the walk's loop holds more than the per-block
-# form: float32 inputs and D = 256 spill 5-17 KB per thread even with maxnreg (the
-# per-block form 0-6.4 KB), and without it ptxas falls back to 32 registers.
-SEG_WALK = {(90, 64, True), (90, 128, True)}
+# `benchmarks/static_vs_fla.py`). The walk uses each E in the step that forms it, so its
+# loop carries E in one layout (sm_90, D 128, bf16, Triton 3.9 [3.6]: 660 [680] -> 510
+# [515] instructions per block and warp, 97 [86] -> 0 spill loads / stores). sm_80 at D 64
+# and 128 (bf16): 465 and 540 instructions per block, against 248 and 228 per later block
+# of the segment in the per-block form (sqrt(blocks) / 2 of them on average). Elsewhere
+# the walk's loop holds more than the per-block form: at D = 256 it spills 1.7 KB (262
+# spill loads / stores per block; the per-block form none), float32 inputs at D 64 take
+# 2,372 instructions per block against 688 per later block (and spilled 5-17 KB per
+# thread before the walk carried one layout; without maxnreg ptxas fell back to 32
+# registers).
+SEG_WALK = {(90, 64, True), (90, 128, True), (80, 64, True), (80, 128, True)}
+# (architecture, padded head dim, 16-bit inputs) -> num_warps of the segment keys
+# (`segments._seg_kernel`) where not 4. At D = 128 its tiles are 32 rows ([32, 128] rows of
+# E against 32-token blocks), and with 4 warps Triton lays the walk's chained products out
+# with its warps along the rows (warpsPerCTA [4, 1]): two of the four repeat the other
+# two's work. 2 warps do it once: per block of the walk (bf16, gates, SASS, Triton 3.9
+# [3.6]) sm_90 2,040 [2,060] -> 1,282 [1,288] warp-instructions, sm_80 2,160 [2,164] ->
+# 1,328 [1,358], no spills either way, 4 programs per SM instead of 2.
+SEG_WARPS = {(90, 128, True): 2, (80, 128, True): 2}
 # (architecture, padded head dim, 16-bit inputs) where the query kernel's walk over earlier
 # segments' blocks loads keys and values through loop-invariant offsets (`bwd._bwd_kernel`
 # HOIST, `_common.load_block`: one address per block instead of one per element), as the
@@ -546,13 +562,14 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
 def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> dict:
     """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
-    warps (`ut_warps`, `KV_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe (`pipe_table`),
-    steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), seg_walk
+    warps (`ut_warps`, `KV_WARPS`, `SEG_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe
+    (`pipe_table`), steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), seg_walk
     (`SEG_WALK`), walk_hoist (`WALK_HOIST`), own_hoist (`OWN_HOIST`)."""
     key = (arch, BD, dtype != torch.float32)
     kv_warps = KV_WARPS.get(key)
     wide = SEG_BWD_WIDE.get(key)
     warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
+    warps += (("seg", SEG_WARPS[key]),) if key in SEG_WARPS else ()
     return {"warps": warps + ((("seg_bwd", wide[1]),) if wide else ()), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),

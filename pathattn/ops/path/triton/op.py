@@ -246,7 +246,8 @@ def _backward_kernels(do, q, k, v, w, beta, g, cu_seqlens, o, lse, u, kt, m, xin
                                               cfg.launch_kwargs("seg"),
                                               cfg.launch_kwargs("bwd_kv"),
                                               cfg.kv_tiles(), cfg.seg_bwd_rows(BD),
-                                              cfg.launch_kwargs("seg_bwd"), cfg.seg_walk)
+                                              cfg.launch_kwargs("seg_bwd"), cfg.seg_walk,
+                                              cfg.launch_kwargs("pi"))
     dq, dk, dw, dbeta = ut_bwd(qf, kf, wf, bf, xinv, dqt, dsd, dkt, du, dwp, table, scale,
                                block_size, BD, prec, cfg.launch_kwargs("ut_bwd"),
                                cfg.launch_kwargs("ut_bwd_q"), cfg.launch_kwargs("ut_bwd_inv"),

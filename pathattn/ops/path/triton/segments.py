@@ -53,7 +53,6 @@ from ._common import (
     load_raw,
     mm_lp,
     reflection_tile,
-    tile_offsets,
     tile_ptrs,
 )
 
@@ -101,14 +100,19 @@ def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_pt
     rr = r0 + tl.arange(0, BR)
     # rows of a product of transitions evolve independently: E[rr] <- E[rr] - (E[rr] W^T) U
     E = tl.where(rr[:, None] == cols[None, :], 1.0, 0.0)  # [BR, BD]
-    if WALK:  # right to left over the segment, E_b = E_{b+1} Pt_{b+1} from E_e = I
-        for i in range(0, e - c + 1):  # blocks e, e-1, ..., c (e may be partial)
+    if WALK:  # right to left over the segment, E_b = E_{b+1} Pt_{b+1} from E_e = I; each
+        # E is used in the step that forms it, so that the loop carries it in one layout
+        _block_keys(E, kt_ptr, e_ptr, ks_ptr, blk + e - c, s0 + e * BT, s1, h, H, D, cols,
+                    cmask, rr, BT, BD, PREC, DT, EMULATE, STORE_E)
+        for i in range(0, e - c):  # blocks e - 1, ..., c (e may be partial)
             b = e - i
-            _block_keys(E, kt_ptr, e_ptr, ks_ptr, blk + b - c, s0 + b * BT, s1, h, H, D,
-                        cols, cmask, rr, BT, BD, PREC, DT, EMULATE, STORE_E)
-            if (b > c) | crossed:  # E_{b-1} = E_b Pt_b, or M_s = E_f Pt_f
-                E = _times_transition(E, wt_ptr, u_ptr, s0 + b * BT, s1, h, H, D, cols, cmask,
-                                      BT, PREC, R, BTR, TDT, EMULATE)
+            E = _times_transition(E, wt_ptr, u_ptr, s0 + b * BT, s1, h, H, D, cols, cmask,
+                                  BT, PREC, R, BTR, TDT, EMULATE)  # E_{b-1} = E_b Pt_b
+            _block_keys(E, kt_ptr, e_ptr, ks_ptr, blk + b - 1 - c, s0 + (b - 1) * BT, s1, h,
+                        H, D, cols, cmask, rr, BT, BD, PREC, DT, EMULATE, STORE_E)
+        if crossed:  # M_s = E_f Pt_f
+            E = _times_transition(E, wt_ptr, u_ptr, t0, s1, h, H, D, cols, cmask, BT, PREC,
+                                  R, BTR, TDT, EMULATE)
     else:  # this block's E_c from the segment's end, one program per block
         for i in range(0, e - c):  # blocks e, e-1, ..., c+1 (e may be partial)
             E = _times_transition(E, wt_ptr, u_ptr, s0 + (e - i) * BT, s1, h, H, D, cols,
@@ -128,10 +132,13 @@ def _seg_kernel(wt_ptr, u_ptr, kt_ptr, e_ptr, ks_ptr, ms_ptr, slot_ptr, table_pt
 def _times_transition(E, wt_ptr, u_ptr, tb, s1, h, H, D, cols, cmask, BT: tl.constexpr,
                       PREC: tl.constexpr, R: tl.constexpr, BTR: tl.constexpr,
                       TDT: tl.constexpr, EMULATE: tl.constexpr):
-    """E Pt_b = E - (E W_b^T) U_b for the block from token tb (the sequence ending at s1)."""
-    kr, kmask = block_reflections(tb, s1, BT, R, BTR)  # [BTR]
-    Wb = load_raw(wt_ptr, kr, kmask, H * D, h * D, cols, cmask)
-    Ub = load_raw(u_ptr, kr, kmask, H * D, h * D, cols, cmask)
+    """E Pt_b = E - (E W_b^T) U_b for the block from token tb (the sequence ending at s1);
+    W_b and U_b through one int64 base and int32 offsets inside the block (`block_ptrs`)."""
+    _, kmask = block_reflections(tb, s1, BT, R, BTR)  # [BTR]
+    lr = tl.arange(0, BTR)
+    m = kmask[:, None] & cmask[None, :]
+    Wb = tl.load(block_ptrs(wt_ptr, tb * R, lr, H * D, h * D, cols), mask=m, other=0.0)
+    Ub = tl.load(block_ptrs(u_ptr, tb * R, lr, H * D, h * D, cols), mask=m, other=0.0)
     return E - mm_lp(mm_lp(E, tl.trans(Wb), TDT, PREC, EMULATE), Ub, TDT, PREC, EMULATE)
 
 
@@ -141,12 +148,14 @@ def _block_keys(E, kt_ptr, e_ptr, ks_ptr, row, tb, s1, h, H, D, cols, cmask, rr,
                 EMULATE: tl.constexpr, STORE_E: tl.constexpr):
     """The block from token tb (table row `row`): Ks[:, rr] = K~ E[rr]^T, and E stored."""
     if STORE_E:
-        tl.store(e_ptr + e_offsets(row, h, H, rr, cols, BD), E)
-    rows = tb + tl.arange(0, BT)
-    rmask = rows < s1
-    Kt = load_raw(kt_ptr, rows, rmask, H * D, h * D, cols, cmask)  # [BT, BD]
+        tl.store((e_ptr + (row * H + h).to(tl.int64) * BD * BD)
+                 + (rr[:, None] * BD + cols[None, :]), E)
+    lt = tl.arange(0, BT)
+    rmask = tb + lt < s1
+    Kt = tl.load(block_ptrs(kt_ptr, tb, lt, H * D, h * D, cols),
+                 mask=rmask[:, None] & cmask[None, :], other=0.0)  # [BT, BD]
     ks = mm_lp(Kt, tl.trans(E), DT, PREC, EMULATE)  # [BT, BR]
-    tl.store(ks_ptr + tile_offsets(rows, H * D, h * D, rr), ks,
+    tl.store(block_ptrs(ks_ptr, tb, lt, H * D, h * D, rr), ks,
              mask=rmask[:, None] & (rr < D)[None, :])
 
 

@@ -46,8 +46,12 @@ def test_devices_settings():
     h100_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
                                     capability=(9, 0))
     assert (h100_128.BT, h100_128.seg_bwd_rows(128)) == (32, 64)
-    assert h100_128.launch("seg_bwd")[0] == 8 and h100_128.launch("seg")[0] == 4
-    assert h100_128.seg_walk and h100.seg_walk
+    assert h100_128.launch("seg_bwd")[0] == 8 and h100_128.launch("seg")[0] == 2
+    assert h100_128.seg_walk and h100.seg_walk and a100.seg_walk
+    # the segment keys at D 128 with 16-bit inputs: 2 warps, the crossings' products 4
+    assert h100_128.launch_kwargs("seg")["num_warps"] == 2
+    assert h100_128.launch_kwargs("pi")["num_warps"] == 4 == h100.launch("seg")[0]
+    assert a100_f32.launch("seg")[0] == 4 and not a100_f32.seg_walk
     # the query kernel's walk through loop-invariant offsets at D 64 with 16-bit inputs
     assert h100.walk_hoist and a100.walk_hoist and h100.launch_kwargs("bwd")["HOIST"]
     assert not (h100_128.walk_hoist or a100_f32.walk_hoist)
@@ -84,9 +88,9 @@ def _against_reference(gates: bool, cu, seg: int) -> None:
 
 @pytest.mark.parametrize("gates, cu", [(True, None), (False, CU_70)], ids=["gates", "packed"])
 def test_segment_keys_walk(monkeypatch, gates, cu):
-    """`SEG_WALK` (the H100's setting at D 64 and 128 for 16-bit inputs): the segment keys
-    walk each segment, here for float32 at D = 32 (segments of 3 blocks, the last partial),
-    forward and every gradient against the float64 reference."""
+    """`SEG_WALK` (the H100's and A100's setting at D 64 and 128, 16-bit inputs): the
+    segment keys walk each segment, here for float32 at D = 32 (segments of 3 blocks, the
+    last partial), forward and every gradient against the float64 reference."""
     monkeypatch.setattr(config, "SEG_WALK", {(90, 32, False)})
     assert config.launch_config(32, 32, torch.float32, None, 16).seg_walk
     assert not config.launch_config(64, 64, torch.float32, None, 16).seg_walk
@@ -266,6 +270,8 @@ def test_ut_kernels_warps():
                 warps = config.KV_WARPS[90, 128, True]
             if k == "seg_bwd" and cfg is h100_128:
                 warps = config.SEG_BWD_WIDE[90, 128, True][1]
+            if k == "seg" and cfg is h100_128:
+                warps = config.SEG_WARPS[90, 128, True]
             assert cfg.launch(k)[0] == warps, (cfg, k)
             assert cfg.launch_kwargs(k)["num_warps"] == warps
             regs = config.MAX_REGISTERS if k in config.MAXNREG_KERNELS else None

@@ -87,3 +87,36 @@ def test_pairs_bound_is_tight_enough():
     """The bound stays O(blocks): one long sequence of 64 blocks in segments of 8."""
     seen, n_pairs = _check_pairs(1, 64 * 16, None, 16, 8)
     assert len(seen) == 6 * 7 // 2 and n_pairs <= 2 * 9 * 9
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_walk_matches_per_block(R):
+    """`segments.segment_keys` walking each segment (`config.SEG_WALK`) and one program per
+    block give bitwise the same moved keys, E of every block and M of every crossed
+    segment (packed sequences, segments of 3 blocks, the last ones partial)."""
+    import triton.language as tl
+
+    from pathattn.ops.path.triton.segments import segment_keys
+
+    gen = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 50, 53, 203], dtype=torch.int32)
+    N, H, D, BT, seg = 203, 2, 32, 16, 3
+    table, _ = block_table(1, N, cu, BT, torch.device("cpu"))
+    slots, n_slots = segment_slots(table, seg, BT, cu.numel() - 1)
+    w = torch.nn.functional.normalize(torch.randn(N * R, H, D, generator=gen), dim=-1)
+    u = w * torch.rand(N * R, H, 1, generator=gen)
+    kt = torch.randn(N, H, D, generator=gen)
+    out = [segment_keys(w, u, kt, table, slots, n_slots, seg, BT, D, "ieee", tl.float32,
+                        tl.float32, False, R, store_e=True, walk=walk)
+           for walk in (False, True)]
+    t0, s0, s1 = table.long().unbind(1)
+    c = (t0 - s0) // BT
+    last = (s1 - s0 + BT - 1) // BT - 1
+    crossed = ((t0 < s1) & (c % seg == 0) & (c // seg > 0)
+               & ((c // seg + 1) * seg - 1 < last)).nonzero().flatten()
+    assert crossed.numel() > 0
+    real = (t0 < s1).nonzero().flatten()
+    (ks0, ms0, e0), (ks1, ms1, e1) = out
+    assert torch.equal(ks0, ks1)
+    assert torch.equal(e0[real], e1[real])
+    assert torch.equal(ms0[slots[crossed].long()], ms1[slots[crossed].long()])
