@@ -258,14 +258,20 @@ SEG_BWD_WIDE = {(90, 128, True): (64, 8)}
 # thread before the walk carried one layout; without maxnreg ptxas fell back to 32
 # registers).
 SEG_WALK = {(90, 64, True), (90, 128, True), (80, 64, True), (80, 128, True)}
-# (architecture, padded head dim, 16-bit inputs) -> num_warps of the segment keys
-# (`segments._seg_kernel`) where not 4. At D = 128 its tiles are 32 rows ([32, 128] rows of
-# E against 32-token blocks), and with 4 warps Triton lays the walk's chained products out
-# with its warps along the rows (warpsPerCTA [4, 1]): two of the four repeat the other
-# two's work. 2 warps do it once: per block of the walk (bf16, gates, SASS, Triton 3.9
-# [3.6]) sm_90 2,040 [2,060] -> 1,282 [1,288] warp-instructions, sm_80 2,160 [2,164] ->
-# 1,328 [1,358], no spills either way, 4 programs per SM instead of 2.
-SEG_WARPS = {(90, 128, True): 2, (80, 128, True): 2}
+# (architecture, padded head dim, 16-bit inputs, block length) -> num_warps of the segment
+# keys (`segments._seg_kernel`) where not 4. With 32 or 16 rows of E per program (the
+# block length: D = 128, and D = 64 with 32-token blocks, e.g. R = 2) Triton lays the
+# chained products out with 4 warps along the rows (warpsPerCTA [4, 1]), and two of the four
+# repeat the other two's work. 2 warps do it once. Per block of the walk, bf16, gates,
+# SASS instructions x warps, Triton 3.9 [3.6]: D 128 (32-token blocks) sm_90 510 x 4 [515 x
+# 4] -> 641 x 2 [644 x 2], sm_80 540 x 4 -> 664 x 2 [679 x 2]; R = 2: D 64 (32-token blocks)
+# sm_90 378 x 4 -> 481 x 2, sm_80 386 x 4 -> 492 x 2, D 128 (16) sm_90 439 x 4 -> 545 x 2,
+# sm_80 446 x 4 -> 538 x 2; D 64 with 32-token blocks and R = 1 sm_90 287 x 4 -> 364 x 2,
+# sm_80 301 x 4 -> 375 x 2. No spills at 2 warps but 120 B at D 128 R 2 on sm_90 (4 spill
+# loads / stores per block; 40 B at 4 warps); 1 warp spills everywhere. At D = 256 (the
+# per-block form) 4 warps: 2 spill 2.7 KB.
+SEG_WARPS = {(a, BD, True, BT): 2 for a in (90, 80) for BD, BT in ((64, 32), (128, 32),
+                                                                      (128, 16))}
 # (architecture, padded head dim, 16-bit inputs) where the query kernel's walk over earlier
 # segments' blocks loads keys and values through loop-invariant offsets (`bwd._bwd_kernel`
 # HOIST, `_common.load_block`: one address per block instead of one per element), as the
@@ -569,7 +575,7 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
     kv_warps = KV_WARPS.get(key)
     wide = SEG_BWD_WIDE.get(key)
     warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
-    warps += (("seg", SEG_WARPS[key]),) if key in SEG_WARPS else ()
+    warps += (("seg", SEG_WARPS[key + (BT,)]),) if key + (BT,) in SEG_WARPS else ()
     return {"warps": warps + ((("seg_bwd", wide[1]),) if wide else ()), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),

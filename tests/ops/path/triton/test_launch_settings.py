@@ -52,6 +52,10 @@ def test_devices_settings():
     assert h100_128.launch_kwargs("seg")["num_warps"] == 2
     assert h100_128.launch_kwargs("pi")["num_warps"] == 4 == h100.launch("seg")[0]
     assert a100_f32.launch("seg")[0] == 4 and not a100_f32.seg_walk
+    # and with 32 rows of E per program at D 64 (R = 2: 32-token blocks)
+    r2 = config.launch_config(64, 64, torch.bfloat16, config.A100_SHARED, capability=(8, 0),
+                              reflections=2)
+    assert r2.BT == 32 and r2.launch("seg")[0] == 2
     # the query kernel's walk through loop-invariant offsets at D 64 with 16-bit inputs
     assert h100.walk_hoist and a100.walk_hoist and h100.launch_kwargs("bwd")["HOIST"]
     assert not (h100_128.walk_hoist or a100_f32.walk_hoist)
@@ -271,7 +275,7 @@ def test_ut_kernels_warps():
             if k == "seg_bwd" and cfg is h100_128:
                 warps = config.SEG_BWD_WIDE[90, 128, True][1]
             if k == "seg" and cfg is h100_128:
-                warps = config.SEG_WARPS[90, 128, True]
+                warps = config.SEG_WARPS[90, 128, True, 32]
             assert cfg.launch(k)[0] == warps, (cfg, k)
             assert cfg.launch_kwargs(k)["num_warps"] == warps
             regs = config.MAX_REGISTERS if k in config.MAXNREG_KERNELS else None
