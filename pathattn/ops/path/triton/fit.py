@@ -84,8 +84,8 @@ _TRANSITION_PTRS = {"u_ptr", "e_ptr", "wt_ptr", "ms_ptr", "pi_ptr", "ysc_ptr", "
 @dataclass(frozen=True)
 class KernelFit:
     """One compiled specialization: shared memory per program (bytes) and, after ptxas,
-    registers per thread, spill stores+loads, the PTX and the cubin (None when not compiled
-    that far). R: the reflections per token it was compiled for."""
+    registers per thread, spill stores+loads, the PTX, the cubin and the TTGIR (None when
+    not compiled that far). R: the reflections per token it was compiled for."""
 
     kernel: str
     D: int
@@ -103,6 +103,7 @@ class KernelFit:
     R: int = 1
     ptx: str | None = field(default=None, repr=False, compare=False)
     cubin: bytes | None = field(default=None, repr=False, compare=False)
+    ttgir: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def fits(self) -> bool:
@@ -112,13 +113,15 @@ class KernelFit:
 @dataclass(frozen=True)
 class Compiled:
     """One ahead-of-time compilation: shared memory per program (bytes); after ptxas also
-    the PTX text, the cubin, registers per thread and spill bytes (stores + loads)."""
+    the PTX text, the cubin, registers per thread, spill bytes (stores + loads) and the
+    TTGIR text (Triton's GPU dialect, with the layouts it chose)."""
 
     shared: int
     ptx: str | None = None
     cubin: bytes | None = None
     regs: int | None = None
     spills: int | None = None
+    ttgir: str | None = None
 
 
 def _signature(fn, dtype: torch.dtype, gates: bool, G: int = 1) -> tuple[dict, dict]:
@@ -258,13 +261,14 @@ def compile_jit(fn, signature: dict, constexprs: dict, capability: int, num_warp
     # the allocation passes changed that module: the full pipeline starts afresh
     metadata = {"target": target, **options.__dict__}
     mod = ttgir(metadata)
+    ttgir_text = str(mod)
     ptx = stage_fns["ptx"](stage_fns["llir"](mod, metadata), metadata)
     if metadata["shared"] != shared:  # the early estimate must be the launch-time number
         raise RuntimeError(f"{fn.__name__}: shared memory {shared} after allocation but "
                            f"{metadata['shared']} after make_llir")
     regs, spills, cubin = _ptxas(ptx, sm_arch_from_capability(capability),
                                  get_ptxas(capability).path)
-    return Compiled(shared, ptx, cubin, regs, spills)
+    return Compiled(shared, ptx, cubin, regs, spills, ttgir_text)
 
 
 def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: LaunchConfig,
@@ -284,7 +288,7 @@ def compile_kernel(kernel: str, D: int, dtype: torch.dtype, gates: bool, cfg: La
     return KernelFit(kernel=kernel, D=D, dtype=dtype, gates=gates, BT=cfg.BT, G=G,
                      num_warps=warps, num_stages=stages, capability=capability,
                      shared=c.shared, limit=cfg.shared_limit, regs=c.regs, spills=c.spills,
-                     R=cfg.R, ptx=c.ptx, cubin=c.cubin)
+                     R=cfg.R, ptx=c.ptx, cubin=c.cubin, ttgir=c.ttgir)
 
 
 def launched_kernels(kernel: str) -> tuple[int, ...]:

@@ -30,6 +30,11 @@ Atomics: `atom.*` / `red.*` with their semantics and scope, PTX's defaults (.rel
 (not the proxy or wgmma fences, which order no global memory), and in SASS `MEMBAR.*.GPU`
 / `.SYS` (what an ordered GPU-scope atomic compiles to: a fence before it).
 
+Repeated products (`repeated_products`, from the TTGIR): a matrix product whose result
+layout places more warps along its rows (16 each, a warpgroup 64 on sm_90) or columns (the
+instruction's width each) than the product has, so that warps compute the same tile. Triton
+picks such layouts for short tiles in chains of products (e.g. 4 warps along 32 rows).
+
 Occupancy (`blocks_per_sm`): the smallest of the limits from registers (allocated per warp
 in units of 256, to groups of 4 warps), shared memory (128-byte units, plus 1 KiB the
 runtime reserves per block), threads and blocks per SM (`SM_LIMITS`), as CUDA's occupancy
@@ -47,7 +52,7 @@ from ...common.ptx_parse import statements
 
 __all__ = ["SM_LIMITS", "KernelReport", "LoopInfo", "SassLoop", "analyze", "atomic_order",
            "blocks_per_sm", "disassemble", "grid_configs", "inspect_kernel", "inspect_jit",
-           "mma_fma", "narrow_beside_wide", "ordered_atomics_in_loops"]
+           "mma_fma", "narrow_beside_wide", "ordered_atomics_in_loops", "repeated_products"]
 
 
 @dataclass(frozen=True)
@@ -328,6 +333,7 @@ class KernelReport:
     wgmma_widths: tuple = ()  # the N of the kernel's wgmma instructions (m64nNk*), sorted
     sass_instructions: int | None = None  # in the whole kernel, each counted once
     sass_fma: int | None = None  # `mma_fma` of the whole kernel's MMA, each counted once
+    repeated_products: tuple = ()  # `repeated_products` of its TTGIR
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -335,7 +341,8 @@ class KernelReport:
     @classmethod
     def from_json(cls, d: dict) -> KernelReport:
         d = dict(d, loops=tuple(LoopInfo(**x) for x in d["loops"]),
-                 wgmma_widths=tuple(d.get("wgmma_widths", ())))
+                 wgmma_widths=tuple(d.get("wgmma_widths", ())),
+                 repeated_products=tuple(tuple(x) for x in d.get("repeated_products", ())))
         if d.get("sass_loops") is not None:
             d["sass_loops"] = tuple(SassLoop(**x) for x in d["sass_loops"])
         return cls(**d)
@@ -419,11 +426,35 @@ def disassemble(cubin: bytes) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+_MMA_LAYOUT = re.compile(r"^(#mma\d*) = #ttg\.nvidia_mma<\{versionMajor = (\d+), "
+                         r"versionMinor = \d+, warpsPerCTA = \[(\d+), (\d+)\], "
+                         r"instrShape = \[(\d+), (\d+)", re.M)
+_PRODUCT = re.compile(r"(?:tt\.dot|ttng\.warp_group_dot) .*-> tensor<(\d+)x(\d+)x\w+, "
+                      r"(#mma\d*)>")
+
+
+def repeated_products(ttgir: str) -> tuple[tuple[int, int, int], ...]:
+    """(rows, columns, repeats) of each matrix product of a TTGIR module whose layout's
+    warps tile its result `repeats` > 1 times: rows split among warps 16 at a time (mma.sync;
+    wgmma: 16 per warp of a warpgroup), columns by the instruction's width N."""
+    layouts = {m.group(1): tuple(int(x) for x in m.groups()[1:])
+               for m in _MMA_LAYOUT.finditer(ttgir)}
+    out = []
+    for m in _PRODUCT.finditer(ttgir):
+        rows, cols = int(m.group(1)), int(m.group(2))
+        _, warps_m, warps_n, inst_m, inst_n = layouts[m.group(3)]
+        repeats = max(1, warps_m * min(inst_m, 16) // rows) * max(1, warps_n * inst_n // cols)
+        if repeats > 1:
+            out.append((rows, cols, repeats))
+    return tuple(out)
+
+
 def _report(name, c, capability: int, num_warps: int, config=None) -> KernelReport:
     blocks, limiter = blocks_per_sm(c.regs, num_warps, c.shared, capability)
     return KernelReport(name=name, capability=capability, num_warps=num_warps,
                         shared=c.shared, regs=c.regs, spills=c.spills, blocks_per_sm=blocks,
                         limiter=limiter, config=config,
+                        repeated_products=repeated_products(getattr(c, "ttgir", None) or ""),
                         **analyze(c.ptx, disassemble(c.cubin)))
 
 

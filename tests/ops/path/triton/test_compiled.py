@@ -12,11 +12,13 @@
 (g) on sm_90 at D = 64, no kernel issues a wgmma narrower than 64 columns beside wider
     ones (`inspect_kernels.narrow_beside_wide`; `ONE_WGMMA_WIDTH`);
 (h) at D = 128 the scan kernels and the Pi kernel take one product per slice of a
-    segment product, no selection products (`SLICE_PRODUCTS`).
+    segment product, no selection products (`SLICE_PRODUCTS`);
+(i) no matrix product laid out with more warps along its rows or columns than it has,
+    which repeats work (`inspect_kernels.repeated_products`, from the TTGIR).
 
 Configurations (`CASES`): bfloat16; D 64 and 128; gates on and off; R 1 and 2; every
-kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices, the scan kernels
-and `pi` at D 64 and 128. The figures are
+kernel once, the scan kernels, `seg_bwd` and `ut_bwd` on both devices, the scan kernels,
+`seg` and `pi` at D 64 and 128. The figures are
 those of the installed Triton; benchmarks/README.md shows how to run this file with
 another version (the GPU runs used Triton 3.6). Compilation needs TRITON_INTERPRET unset,
 which the test session sets, so the kernels compile in child processes (two at a time),
@@ -58,7 +60,7 @@ CASES = {
     "sm90-D64-gates-R1": ("sm_90", 64, True, 1, KERNELS),
     "sm80-D64-R1": ("sm_80", 64, False, 1, ("fwd", "bwd", "bwd_kv", "seg_bwd", "ut_bwd")),
     "sm90-D128-R2": ("sm_90", 128, False, 2, ("fwd", "ut_fwd")),
-    "sm90-D128-gates-R1": ("sm_90", 128, True, 1, ("fwd", "pi", "bwd", "bwd_kv")),
+    "sm90-D128-gates-R1": ("sm_90", 128, True, 1, ("seg", "fwd", "pi", "bwd", "bwd_kv")),
 }
 # one program per query block walking the key blocks, or (bwd_kv) per key block walking
 # the query blocks of later segments
@@ -125,6 +127,13 @@ REDESIGN_PENDING = {
     # 360 bytes, 22 spill loads / stores per segment crossed, none in its walk
     # (`test_no_spill_traffic_in_block_pair_loops`)
     ("loop_spills", "fwd", _L),
+    # the segment keys at D = 128 (2 warps, `config.SEG_WARPS`): 60 B with Triton 3.9 (none
+    # with 3.6), no spill loads / stores in its loop
+    ("spills", "seg", _L),
+    # R = 2 at D = 128 (16-token blocks): the forward's [16, 16] transition products 2x
+    # and `ut_fwd`'s 4x (11 of its 13 products, 8 warps), `test_no_repeated_products`
+    ("repeats", "fwd", "sm90-D128-R2"),
+    ("repeats", "ut_fwd", "sm90-D128-R2"),
 }
 
 
@@ -175,6 +184,11 @@ def _probe(name: str, capability: int) -> ik.KernelReport:
                       maxnreg=0)
         f = compile_kernel("ut_bwd", 256, torch.bfloat16, False, cfg, capability, "cubin")
         return ik._report("ut_bwd", f, capability, f.num_warps)
+    if name == "repeat":  # the segment keys at D = 128 at 4 warps instead of 2
+        cfg = launch_config(128, 128, torch.bfloat16, H100_SHARED, None, (9, 0))
+        cfg = replace(cfg, warps=tuple({**dict(cfg.warps), "seg": 4}.items()))
+        f = compile_kernel("seg", 128, torch.bfloat16, True, cfg, capability, "cubin")
+        return ik._report("seg", f, capability, f.num_warps)
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32", "n": "i32",
            "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
     return ik.inspect_jit(_dot_loop, sig, {"BM": 64, "BN": 64, "BK": 32}, capability,
@@ -182,7 +196,7 @@ def _probe(name: str, capability: int) -> ik.KernelReport:
 
 
 PROBES = (("atomic-acq_rel", 90), ("atomic-relaxed", 90), ("spill", 90), ("dot", 90),
-          ("dot", 80), ("fallback", 90))
+          ("dot", 80), ("fallback", 90), ("repeat", 90))
 
 
 def _compile_jobs(jobs: list) -> dict:
@@ -326,6 +340,15 @@ def test_no_spill_traffic_in_block_pair_loops(reports, case, kernel):
         assert loop.mma > 0
 
 
+@pytest.mark.parametrize("case,kernel", _cases("repeats"))
+def test_no_repeated_products(reports, case, kernel):
+    """No matrix product's layout puts more warps along its rows or columns than it has
+    (`inspect_kernels.repeated_products`): no warp computes another's tile."""
+    r = reports[f"{case}/{kernel}"]
+    assert r.repeated_products == (), (
+        f"{kernel} ({r.num_warps} warps): (rows, columns, repeats) {r.repeated_products}")
+
+
 @pytest.mark.parametrize("case,kernel", _cases("occupancy", _scan_at_64))
 def test_two_blocks_per_sm(reports, case, kernel):
     r = reports[f"{case}/{kernel}"]
@@ -415,8 +438,9 @@ def _slice_loop_lines() -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("kernel", CASES[_L][-1])
+@pytest.mark.parametrize("kernel", [k for k in CASES[_L][-1] if k != "seg"])
 def test_segment_slices_take_one_product_each(reports, kernel):
+    """(`seg` reads no segment product.)"""
     r = reports[f"{_L}/{kernel}"]
     assert r.config["BT"] == 32
     lines = _slice_loop_lines()
@@ -583,7 +607,8 @@ def test_probes_are_flagged(reports):
     """Small kernels compiled like the pathattn ones: the default (acq_rel) atomic_add in a
     loop is flagged and the relaxed one is not, a tile too large for registers spills, and
     a matmul loop has BK / 16 wgmma (sm_90) or per warp 8 x BK / 16 mma.sync (sm_80) per
-    iteration however the compiler pipelines it."""
+    iteration however the compiler pipelines it, and the segment keys at D = 128 on 4 warps
+    repeat products (`config.SEG_WARPS`)."""
     flagged = ik.ordered_atomics_in_loops(reports["probe/atomic-acq_rel/90"])
     assert flagged and "acq_rel" in flagged[0]
     assert ik.ordered_atomics_in_loops(reports["probe/atomic-relaxed/90"]) == []
@@ -594,6 +619,7 @@ def test_probes_are_flagged(reports):
         reports["probe/spill/90"].sass_local_in_loops)
     fallback = reports["probe/fallback/90"]
     assert fallback.spills > 0 and fallback.regs < MIN_REGS_WHEN_SPILLING
+    assert (32, 128, 2) in reports["probe/repeat/90"].repeated_products
     assert reports["probe/dot/90"].sass_local_in_loops == 0
     assert reports["probe/dot/90"].mma_per_block_pair == 2
     assert reports["probe/dot/80"].mma_per_block_pair == 16
