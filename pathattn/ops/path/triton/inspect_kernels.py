@@ -30,11 +30,6 @@ Atomics: `atom.*` / `red.*` with their semantics and scope, PTX's defaults (.rel
 (not the proxy or wgmma fences, which order no global memory), and in SASS `MEMBAR.*.GPU`
 / `.SYS` (what an ordered GPU-scope atomic compiles to: a fence before it).
 
-Repeated products (`repeated_products`, from the TTGIR): a matrix product whose result
-layout places more warps along its rows (16 each, a warpgroup 64 on sm_90) or columns (the
-instruction's width each) than the product has, so that warps compute the same tile. Triton
-picks such layouts for short tiles in chains of products (e.g. 4 warps along 32 rows).
-
 Occupancy (`blocks_per_sm`): the smallest of the limits from registers (allocated per warp
 in units of 256, to groups of 4 warps), shared memory (128-byte units, plus 1 KiB the
 runtime reserves per block), threads and blocks per SM (`SM_LIMITS`), as CUDA's occupancy
