@@ -21,7 +21,7 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "padded_reflections", "H100_SHARED", "A100_SHARED", "MAX_REFLECTION_TILE",
            "KV_TILES", "KV_WARPS", "kv_tiles", "register_cap", "PIPELINED", "PIPE_STAGES",
            "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "SEG_WALK",
-           "SEG_WARPS",
+           "TWO_WARPS",
            "WALK_HOIST", "OWN_HOIST", "pipe_table",
            "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS", "UT_FOUR_WARPS",
            "UT_FOUR_WARPS_R1", "ut_warps",
@@ -258,20 +258,25 @@ SEG_BWD_WIDE = {(90, 128, True): (64, 8)}
 # thread before the walk carried one layout; without maxnreg ptxas fell back to 32
 # registers).
 SEG_WALK = {(90, 64, True), (90, 128, True), (80, 64, True), (80, 128, True)}
-# (architecture, padded head dim, 16-bit inputs, block length) -> num_warps of the segment
-# keys (`segments._seg_kernel`) where not 4. With 32 or 16 rows of E per program (the
-# block length: D = 128, and D = 64 with 32-token blocks, e.g. R = 2) Triton lays the
-# chained products out with 4 warps along the rows (warpsPerCTA [4, 1]), and two of the four
-# repeat the other two's work. 2 warps do it once. Per block of the walk, bf16, gates,
-# SASS instructions x warps, Triton 3.9 [3.6]: D 128 (32-token blocks) sm_90 510 x 4 [515 x
-# 4] -> 641 x 2 [644 x 2], sm_80 540 x 4 -> 664 x 2 [679 x 2]; R = 2: D 64 (32-token blocks)
-# sm_90 378 x 4 -> 481 x 2, sm_80 386 x 4 -> 492 x 2, D 128 (16) sm_90 439 x 4 -> 545 x 2,
-# sm_80 446 x 4 -> 538 x 2; D 64 with 32-token blocks and R = 1 sm_90 287 x 4 -> 364 x 2,
-# sm_80 301 x 4 -> 375 x 2. No spills at 2 warps but 120 B at D 128 R 2 on sm_90 (4 spill
-# loads / stores per block; 40 B at 4 warps); 1 warp spills everywhere. At D = 256 (the
-# per-block form) 4 warps: 2 spill 2.7 KB.
-SEG_WARPS = {(a, BD, True, BT): 2 for a in (90, 80) for BD, BT in ((64, 32), (128, 32),
-                                                                      (128, 16))}
+# (architecture, padded head dim, 16-bit inputs, block length) -> kernels that take 2 warps
+# instead of 4. With 32- or 16-row tiles Triton lays chained products out with 4 warps along
+# the rows (warpsPerCTA [4, 1]) or columns, so that two warps repeat the other two's work
+# (`inspect_kernels.repeated_products`); 2 warps do it once. Per block of the loop, bf16,
+# gates, SASS instructions x warps, Triton 3.9 [3.6]:
+# - the segment keys (`segments._seg_kernel`, its walk; 32 or 16 rows of E per program):
+#   D 128 (32-token blocks) sm_90 510 x 4 [515 x 4] -> 641 x 2 [644 x 2], sm_80 540 x 4 ->
+#   664 x 2 [679 x 2]; R = 2: D 64 (32-token blocks) sm_90 378 x 4 -> 481 x 2, sm_80 386 x
+#   4 -> 492 x 2, D 128 (16) sm_90 439 x 4 -> 545 x 2, sm_80 446 x 4 -> 538 x 2; D 64 with
+#   32-token blocks and R = 1 sm_90 287 x 4 -> 364 x 2, sm_80 301 x 4 -> 375 x 2. No spills
+#   at 2 warps but 120 B at D 128 R 2 on sm_90 (4 spill loads / stores per block; 40 B at 4
+#   warps); 1 warp spills everywhere. At D = 256 (the per-block form) 2 warps spill 2.7 KB.
+# - the forward at D 128 with 16-token blocks (R = 2), its [16, 16] logits: walk over
+#   earlier segments sm_90 206 x 4 [207 x 4] -> 243 x 2 [256 x 2], sm_80 192 x 4 -> 231 x
+#   2, own segment sm_90 342 x 4 -> 449 x 2, sm_80 338 x 4 -> 457 x 2; no spills at 2 warps
+#   (sm_80 with Triton 3.6: 16 B at 4). The query kernel at 2 warps spills 0.6-4 KB.
+TWO_WARPS = {(a, BD, True, BT): kernels for a in (90, 80)
+             for BD, BT, kernels in ((64, 32, ("seg",)), (128, 32, ("seg",)),
+                                     (128, 16, ("seg", "fwd")))}
 # (architecture, padded head dim, 16-bit inputs) where the query kernel's walk over earlier
 # segments' blocks loads keys and values through loop-invariant offsets (`bwd._bwd_kernel`
 # HOIST, `_common.load_block`: one address per block instead of one per element), as the
@@ -568,14 +573,14 @@ def launch_config(D: int, Dv: int, dtype: torch.dtype, shared_limit: int | None,
 def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1) -> dict:
     """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
-    warps (`ut_warps`, `KV_WARPS`, `SEG_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe
+    warps (`ut_warps`, `KV_WARPS`, `TWO_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe
     (`pipe_table`), steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), seg_walk
     (`SEG_WALK`), walk_hoist (`WALK_HOIST`), own_hoist (`OWN_HOIST`)."""
     key = (arch, BD, dtype != torch.float32)
     kv_warps = KV_WARPS.get(key)
     wide = SEG_BWD_WIDE.get(key)
     warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
-    warps += (("seg", SEG_WARPS[key + (BT,)]),) if key + (BT,) in SEG_WARPS else ()
+    warps += tuple((k, 2) for k in TWO_WARPS.get(key + (BT,), ()))
     return {"warps": warps + ((("seg_bwd", wide[1]),) if wide else ()), "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),

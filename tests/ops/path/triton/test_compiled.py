@@ -127,12 +127,11 @@ REDESIGN_PENDING = {
     # 360 bytes, 22 spill loads / stores per segment crossed, none in its walk
     # (`test_no_spill_traffic_in_block_pair_loops`)
     ("loop_spills", "fwd", _L),
-    # the segment keys at D = 128 (2 warps, `config.SEG_WARPS`): 60 B with Triton 3.9 (none
+    # the segment keys at D = 128 (2 warps, `config.TWO_WARPS`): 60 B with Triton 3.9 (none
     # with 3.6), no spill loads / stores in its loop
     ("spills", "seg", _L),
-    # R = 2 at D = 128 (16-token blocks): the forward's [16, 16] transition products 2x
-    # and `ut_fwd`'s 4x (11 of its 13 products, 8 warps), `test_no_repeated_products`
-    ("repeats", "fwd", "sm90-D128-R2"),
+    # R = 2 at D = 128 (16-token blocks): `ut_fwd`'s products 4x (11 of its 13, 8 warps),
+    # `test_no_repeated_products`
     ("repeats", "ut_fwd", "sm90-D128-R2"),
 }
 
@@ -608,7 +607,7 @@ def test_probes_are_flagged(reports):
     loop is flagged and the relaxed one is not, a tile too large for registers spills, and
     a matmul loop has BK / 16 wgmma (sm_90) or per warp 8 x BK / 16 mma.sync (sm_80) per
     iteration however the compiler pipelines it, and the segment keys at D = 128 on 4 warps
-    repeat products (`config.SEG_WARPS`)."""
+    repeat products (`config.TWO_WARPS`)."""
     flagged = ik.ordered_atomics_in_loops(reports["probe/atomic-acq_rel/90"])
     assert flagged and "acq_rel" in flagged[0]
     assert ik.ordered_atomics_in_loops(reports["probe/atomic-relaxed/90"]) == []

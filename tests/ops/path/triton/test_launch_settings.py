@@ -55,7 +55,12 @@ def test_devices_settings():
     # and with 32 rows of E per program at D 64 (R = 2: 32-token blocks)
     r2 = config.launch_config(64, 64, torch.bfloat16, config.A100_SHARED, capability=(8, 0),
                               reflections=2)
-    assert r2.BT == 32 and r2.launch("seg")[0] == 2
+    assert r2.BT == 32 and r2.launch("seg")[0] == 2 and r2.launch("fwd")[0] == 4
+    # the forward too with 16-token blocks (D 128, R = 2), not the query kernel
+    r2_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
+                                  capability=(9, 0), reflections=2)
+    assert r2_128.BT == 16 and r2_128.launch_kwargs("fwd")["num_warps"] == 2
+    assert r2_128.launch("seg")[0] == 2 and r2_128.launch("bwd")[0] == 4
     # the query kernel's walk through loop-invariant offsets at D 64 with 16-bit inputs
     assert h100.walk_hoist and a100.walk_hoist and h100.launch_kwargs("bwd")["HOIST"]
     assert not (h100_128.walk_hoist or a100_f32.walk_hoist)
@@ -275,7 +280,7 @@ def test_ut_kernels_warps():
             if k == "seg_bwd" and cfg is h100_128:
                 warps = config.SEG_BWD_WIDE[90, 128, True][1]
             if k == "seg" and cfg is h100_128:
-                warps = config.SEG_WARPS[90, 128, True, 32]
+                warps = 2 if "seg" in config.TWO_WARPS[90, 128, True, 32] else 4
             assert cfg.launch(k)[0] == warps, (cfg, k)
             assert cfg.launch_kwargs(k)["num_warps"] == warps
             regs = config.MAX_REGISTERS if k in config.MAXNREG_KERNELS else None
