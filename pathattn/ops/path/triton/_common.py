@@ -111,6 +111,13 @@ def e_offsets(blk, h, H, rows, cols, BD: tl.constexpr):
 
 
 @device_fn
+def e_ptrs(ptr, blk, h, H, rows, cols, BD: tl.constexpr):
+    """Pointers of E[blk, h, rows, cols] as `e_offsets` places it: one int64 base and int32
+    offsets inside the tile (fewer registers, as `block_ptrs`)."""
+    return (ptr + (blk * H + h).to(tl.int64) * BD * BD) + (rows[:, None] * BD + cols[None, :])
+
+
+@device_fn
 def load_tile(ptr, rows, rmask, stride, col0, cols, cmask):
     """x[rows, col0 + cols] as float32 (zero where masked); stride is the row stride."""
     return load_raw(ptr, rows, rmask, stride, col0, cols, cmask).to(tl.float32)

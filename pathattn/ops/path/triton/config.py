@@ -579,9 +579,10 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
     key = (arch, BD, dtype != torch.float32)
     kv_warps = KV_WARPS.get(key)
     wide = SEG_BWD_WIDE.get(key)
-    warps = ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
-    warps += tuple((k, 2) for k in TWO_WARPS.get(key + (BT,), ()))
-    return {"warps": warps + ((("seg_bwd", wide[1]),) if wide else ()), "R": R,
+    warps = (ut_warps(arch, BD, dtype, BT, R) + ((("bwd_kv", kv_warps),) if kv_warps else ())
+             + tuple((k, 2) for k in TWO_WARPS.get(key + (BT,), ()))
+             + ((("seg_bwd", wide[1]),) if wide else ()))
+    return {"warps": warps, "R": R,
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),
             "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT),

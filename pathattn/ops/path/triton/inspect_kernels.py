@@ -438,7 +438,7 @@ def repeated_products(ttgir: str) -> tuple[tuple[int, int, int], ...]:
     for m in _PRODUCT.finditer(ttgir):
         rows, cols = int(m.group(1)), int(m.group(2))
         _, warps_m, warps_n, inst_m, inst_n = layouts[m.group(3)]
-        repeats = max(1, warps_m * min(inst_m, 16) // rows) * max(1, warps_n * inst_n // cols)
+        repeats = max(1, warps_m * inst_m // rows) * max(1, warps_n * inst_n // cols)
         if repeats > 1:
             out.append((rows, cols, repeats))
     return tuple(out)
@@ -449,7 +449,7 @@ def _report(name, c, capability: int, num_warps: int, config=None) -> KernelRepo
     return KernelReport(name=name, capability=capability, num_warps=num_warps,
                         shared=c.shared, regs=c.regs, spills=c.spills, blocks_per_sm=blocks,
                         limiter=limiter, config=config,
-                        repeated_products=repeated_products(getattr(c, "ttgir", None) or ""),
+                        repeated_products=repeated_products(c.ttgir or ""),
                         **analyze(c.ptx, disassemble(c.cubin)))
 
 

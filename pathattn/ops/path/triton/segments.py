@@ -50,6 +50,7 @@ from ._common import (
     block_reflections,
     device_fn,
     e_offsets,
+    e_ptrs,
     load_raw,
     mm_lp,
     reflection_tile,
@@ -148,8 +149,7 @@ def _block_keys(E, kt_ptr, e_ptr, ks_ptr, row, tb, s1, h, H, D, cols, cmask, rr,
                 EMULATE: tl.constexpr, STORE_E: tl.constexpr):
     """The block from token tb (table row `row`): Ks[:, rr] = K~ E[rr]^T, and E stored."""
     if STORE_E:
-        tl.store((e_ptr + (row * H + h).to(tl.int64) * BD * BD)
-                 + (rr[:, None] * BD + cols[None, :]), E)
+        tl.store(e_ptrs(e_ptr, row, h, H, rr, cols, BD), E)
     lt = tl.arange(0, BT)
     rmask = tb + lt < s1
     Kt = tl.load(block_ptrs(kt_ptr, tb, lt, H * D, h * D, cols),
