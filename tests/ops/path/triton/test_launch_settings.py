@@ -246,7 +246,8 @@ def test_ut_kernels_warps():
     """The UT kernels run 8 warps, 4 where `UT_FOUR_WARPS` lists them; the scan kernels 4,
     but the key kernel where `KV_WARPS` lists it and the segment backward where
     `SEG_BWD_WIDE` does (8 each at D = 128 on the H100); the launches of
-    `MAXNREG_KERNELS` state maxnreg, the others not."""
+    `MAXNREG_KERNELS` state maxnreg, and on the A100 the query kernel's (`MAXNREG_ARCH`),
+    the others not."""
     h100 = config.launch_config(64, 64, torch.bfloat16, config.H100_SHARED, capability=(9, 0))
     a100 = config.launch_config(64, 64, torch.bfloat16, config.A100_SHARED, capability=(8, 0))
     h100_128 = config.launch_config(128, 128, torch.bfloat16, config.H100_SHARED,
@@ -283,7 +284,9 @@ def test_ut_kernels_warps():
                 warps = 2 if "seg" in config.TWO_WARPS[90, 128, True, 32] else 4
             assert cfg.launch(k)[0] == warps, (cfg, k)
             assert cfg.launch_kwargs(k)["num_warps"] == warps
-            regs = config.MAX_REGISTERS if k in config.MAXNREG_KERNELS else None
+            stated = k in config.MAXNREG_KERNELS or (cfg is a100 and k == "bwd")
+            regs = config.MAX_REGISTERS if stated else None
             assert cfg.launch_kwargs(k).get("maxnreg") == regs, (cfg, k)
     assert config.MAX_REGISTERS == 255 and "bwd" not in config.MAXNREG_KERNELS
+    assert config.MAXNREG_ARCH == {80: ("bwd",)}
     assert set(config.UT_KERNELS) < set(config.KERNELS)
