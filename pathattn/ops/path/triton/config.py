@@ -23,7 +23,8 @@ __all__ = ["KERNELS", "SHARED_BYTES", "SHARED_BYTES_REFLECTIONS", "LaunchConfig"
            "STEPPED", "KEY_STEPS", "step_table", "SEG_BWD_ROWS", "SEG_BWD_WIDE", "SEG_WALK",
            "TWO_WARPS",
            "WALK_HOIST", "OWN_HOIST", "pipe_table",
-           "MAX_REGISTERS", "MAXNREG_KERNELS", "UT_KERNELS", "UT_FOUR_WARPS",
+           "MAX_REGISTERS", "MAXNREG_KERNELS", "MAXNREG_ARCH", "UT_KERNELS",
+           "UT_FOUR_WARPS",
            "UT_FOUR_WARPS_R1", "ut_warps",
            "device_settings"]
 
@@ -340,13 +341,14 @@ UT_FOUR_WARPS_R1 = {(90, 128, True, 32): ("ut_fwd",)}
 # 64 rows of E on sm_80, which `SEG_BWD_ROWS` avoids).
 MAX_REGISTERS = 255
 MAXNREG_KERNELS = UT_KERNELS
-# architecture -> the kernels that also state maxnreg there (`LaunchConfig.capped`). sm_80,
-# the query kernel: with Triton 3.6, D 128, bf16 and gates ptxas gave it 168 registers and
-# 4,872 B of spills, 582 spill loads / stores in its loops (2,834 instructions and 537 of
-# them per own-segment block, 407 and 20 per block of the walk); with maxnreg 255, 2,492 B
-# and 396 (2,399 and 389, 365 and 7). Every other sm_80 setting (D 64 and 128, gates on and
-# off, R 1 and 2, Triton 3.6 and 3.9) compiles to the same SASS either way; on sm_90 the
-# query kernel's spills move both ways with it (D 128, gates, Triton 3.6: 340 -> 508 B).
+# architecture -> the kernels that also state maxnreg there (`LaunchConfig.maxnreg_kernels`).
+# sm_80, the query kernel: with Triton 3.6, D 128, bf16 and gates ptxas gave it 168
+# registers and 4,872 B of spills, 582 spill loads / stores in its loops (2,834
+# instructions and 537 of them per own-segment block, 407 and 20 per block of the walk);
+# with maxnreg 255, 2,492 B and 396 (2,399 and 389, 365 and 7). Every other sm_80 setting
+# (D 64, 128 and 256, gates on and off, R 1 and 2, float32 at D 64 and 128, Triton 3.6 and
+# 3.9) compiles to the same SASS either way; on sm_90 the query kernel's spills move both
+# ways with it (D 128, gates, Triton 3.6: 340 -> 508 B).
 MAXNREG_ARCH = {80: ("bwd",)}
 
 
@@ -379,8 +381,8 @@ class LaunchConfig:
     pairs of `STEPPED` kernels' loops over earlier segments (`key_steps`), seg_rows, the
     rows of E per program of
     the segment backward (0: min(BD, BT); `seg_bwd_rows`), maxnreg, the registers per
-    thread the launches of `MAXNREG_KERNELS` and of the kernels in capped (`MAXNREG_ARCH`)
-    allow (`max_registers`), seg_walk, whether
+    thread the launches of the kernels in maxnreg_kernels allow (`max_registers`;
+    `MAXNREG_KERNELS`, and per architecture `MAXNREG_ARCH`), seg_walk, whether
     the segment keys walk each segment (`SEG_WALK`), and walk_hoist and own_hoist, whether
     the query kernel's walk over earlier segments and its loop over its own segment load
     keys and values through loop-invariant offsets (`WALK_HOIST`, `OWN_HOIST`)."""
@@ -396,7 +398,7 @@ class LaunchConfig:
     steps: tuple = ()
     seg_rows: int = 0
     maxnreg: int = MAX_REGISTERS
-    capped: tuple = ()
+    maxnreg_kernels: tuple = MAXNREG_KERNELS
     seg_walk: bool = False
     walk_hoist: bool = False
     own_hoist: bool = False
@@ -441,8 +443,7 @@ class LaunchConfig:
 
     def max_registers(self, kernel: str) -> int | None:
         """Triton's launch option maxnreg for `kernel` (None: not stated)."""
-        stated = kernel in MAXNREG_KERNELS or kernel in self.capped
-        return self.maxnreg if stated and self.maxnreg else None
+        return self.maxnreg if kernel in self.maxnreg_kernels and self.maxnreg else None
 
     def launch_kwargs(self, kernel: str) -> dict:
         """num_warps / num_stages keyword arguments of a kernel launch, maxnreg where
@@ -585,9 +586,9 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
     """The `LaunchConfig` fields set per architecture (80 or 90) from the tables above, for
     padded head dim BD, inputs of `dtype`, block length BT and R reflections per token:
     warps (`ut_warps`, `KV_WARPS`, `TWO_WARPS`, `SEG_BWD_WIDE`), R, kv (`kv_tiles`), pipe
-    (`pipe_table`), steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`), capped
-    (`MAXNREG_ARCH`), seg_walk (`SEG_WALK`), walk_hoist (`WALK_HOIST`), own_hoist
-    (`OWN_HOIST`)."""
+    (`pipe_table`), steps (`step_table`), seg_rows (`SEG_BWD_ROWS`, `SEG_BWD_WIDE`),
+    maxnreg_kernels (`MAXNREG_KERNELS`, `MAXNREG_ARCH`), seg_walk (`SEG_WALK`), walk_hoist
+    (`WALK_HOIST`), own_hoist (`OWN_HOIST`)."""
     key = (arch, BD, dtype != torch.float32)
     kv_warps = KV_WARPS.get(key)
     wide = SEG_BWD_WIDE.get(key)
@@ -598,7 +599,7 @@ def device_settings(arch: int, BD: int, dtype: torch.dtype, BT: int, R: int = 1)
             "kv": kv_tiles(arch, BD, dtype, BT), "pipe": pipe_table(arch, BD, dtype),
             "steps": step_table(arch, BD, dtype, BT, R),
             "seg_rows": wide[0] if wide else min(SEG_BWD_ROWS.get(arch, BT), BT),
-            "capped": MAXNREG_ARCH.get(arch, ()),
+            "maxnreg_kernels": MAXNREG_KERNELS + MAXNREG_ARCH.get(arch, ()),
             "seg_walk": key in SEG_WALK, "walk_hoist": key in WALK_HOIST,
             "own_hoist": key in OWN_HOIST}
 
